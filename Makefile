@@ -1,0 +1,48 @@
+# Everyday targets. `make demo` and `make test` set up .venv first (a no-op when up to date).
+PY := .venv/bin/python
+CFG ?= cfg/tiny_cpu.yaml
+NPROC ?= 1
+
+.PHONY: setup demo test test-fast quality format tiny train sft bench tensorboard config-ref clean
+
+setup:
+	scripts/setup.sh
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+quality: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: setup
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+tiny: setup
+	$(PY) scripts/make_tiny_model.py --out models/tiny-qwen2
+	$(PY) scripts/make_synthetic_data.py --out data/reverse
+
+sft: setup
+	.venv/bin/torchrun --nproc_per_node=$(NPROC) rl_training/runners/sft_runner.py --cfg cfg/tiny_sft.yaml
+
+train: setup
+	.venv/bin/torchrun --nproc_per_node=$(NPROC) rl_training/runners/rl_runner.py --cfg $(CFG)
+
+bench: setup
+	$(PY) scripts/bench.py --cfg $(CFG)
+
+tensorboard:
+	.venv/bin/tensorboard --logdir runs --bind_all
+
+config-ref:
+	$(PY) -m rl_training.config
+
+clean:
+	rm -rf runs bench_results .pytest_cache .ruff_cache

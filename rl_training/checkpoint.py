@@ -1,0 +1,157 @@
+"""Atomic checkpoints: run_dir/checkpoints/step_NNNNNN/{adapter/, optimizer.pt, scheduler.pt, rng_rank*.pt,
+trainer_state.json, config.yaml, COMPLETE}.
+
+Written into a hidden temp directory, fsynced, then renamed into place; `COMPLETE` is written last before
+the rename, so neither a crash mid-write nor a half-copied directory is ever taken for a checkpoint.
+`adapter/` is peft's `save_pretrained` output, loadable by `PeftModel.from_pretrained` and by vLLM's
+LoRA loader. Every rank's RNG state is saved (gathered to rank 0) so a resumed run samples exactly as the
+uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+
+from rl_training import dist
+
+STEP_RE = re.compile(r"^step_(\d{6,})$")
+COMPLETE = "COMPLETE"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in [*sorted(path.rglob("*")), path]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def ckpt_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = STEP_RE.match(p.name)
+        if m and p.is_dir() and (p / COMPLETE).exists():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def find_latest(run_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model, optimizer, scheduler, config_yaml: str, trainer_state: dict, keep_last: int
+) -> Path | None:
+    """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0."""
+    if dist.is_dist():
+        states: list = [None] * tdist.get_world_size()
+        tdist.all_gather_object(states, rng_state())
+    else:
+        states = [rng_state()]
+    final = ckpt_dir(run_dir, step)
+    if int(os.environ.get("RANK", 0)) == 0:
+        tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp / "adapter")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        for r, st in enumerate(states):
+            torch.save(st, tmp / f"rng_rank{r}.pt")
+        (tmp / "config.yaml").write_text(config_yaml)
+        (tmp / "trainer_state.json").write_text(
+            json.dumps({**trainer_state, "step": step, "world_size": len(states)}, indent=2)
+        )
+        (tmp / COMPLETE).write_text("ok\n")
+        _fsync_tree(tmp)
+        if final.exists():  # re-saving the same step (e.g. after a resume that trained 0 steps)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final if int(os.environ.get("RANK", 0)) == 0 else None
+
+
+@dataclass
+class Restored:
+    step: int
+    trainer_state: dict
+    path: Path
+
+
+def validate_checkpoint(path: Path) -> int:
+    path = Path(path)
+    m = STEP_RE.match(path.name)
+    if not path.is_dir() or not m:
+        raise CheckpointError(f"{path}: not a checkpoint directory (expected .../checkpoints/step_NNNNNN)")
+    if not (path / COMPLETE).exists():
+        raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker); refusing to resume")
+    for name in ("adapter/adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
+        if not (path / name).exists():
+            raise CheckpointError(f"{path}: missing {name}")
+    return int(m.group(1))
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_size: int) -> Restored:
+    """Restore adapter, optimizer, scheduler and this rank's RNG state. Call after the model is built."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    step = validate_checkpoint(path)
+    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    result = set_peft_model_state_dict(model, weights)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise CheckpointError(f"{path}: adapter has keys this model lacks: {unexpected[:3]}")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    state = json.loads((path / "trainer_state.json").read_text())
+    if state.get("world_size", 1) != world_size:
+        raise CheckpointError(
+            f"{path}: saved with world size {state.get('world_size')}, now {world_size}; "
+            "per-rank RNG and data shards would not continue the same run"
+        )
+    set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
+    return Restored(step=step, trainer_state=state, path=path)

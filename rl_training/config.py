@@ -1,0 +1,378 @@
+"""One typed config tree for every runner, loaded from YAML plus dotted command-line overrides.
+
+Validation happens once, at load: unknown keys are errors naming the key and the nearest valid one, types
+and bounds are checked per field (each field carries a one-line doc in its metadata), and derived values
+(per-rank batch, accumulation steps, the Dr-GRPO normaliser) are computed with divisibility checks and
+frozen. `python -m rl_training.config` prints the reference of every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the file and the dotted key."""
+
+
+def _f(
+    default: Any,
+    doc: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    secret: bool = False,
+) -> Any:
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "secret": secret}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunCfg:
+    output_dir: str = _f("runs", "Parent directory of run directories.")
+    name: str = _f("default", "Run name; the run directory is output_dir/name.")
+    tensorboard: bool = _f(True, "Write TensorBoard event files under run_dir/tb.")
+    progress_bar: bool = _f(True, "Show a tqdm progress bar with ETA on rank 0.")
+
+
+@dataclass
+class ModelCfg:
+    name_or_path: str = _f("models/tiny-qwen2", "HF hub id or local path of the base causal LM.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Weights and compute dtype.")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = _f(
+        "sdpa", "Attention kernel used by the trainer's forward passes."
+    )
+    trust_remote_code: bool = _f(False, "Allow custom model code from the model directory.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+
+
+@dataclass
+class LoraCfg:
+    r: int = _f(16, "LoRA rank.", ge=1)
+    alpha: float = _f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
+    dropout: float = _f(0.0, "LoRA dropout; 0 keeps old and new log-probs exactly comparable.", ge=0, le=1)
+    target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
+
+
+@dataclass
+class DataCfg:
+    format: Literal["gsm8k", "math", "reverse"] = _f(
+        "reverse", "Task format: gsm8k ('#### N' answers), math (\\boxed answers), reverse (synthetic)."
+    )
+    train: str = _f(
+        "data/reverse/train.jsonl",
+        "Training prompts: a .jsonl/.json/.parquet path or a `datasets` name 'name[:config]@split'.",
+    )
+    eval: str = _f("data/reverse/heldout.jsonl", "Held-out prompts, same forms as `train`.")
+    question_key: str = _f("question", "Record field holding the question.")
+    answer_key: str = _f("answer", "Record field holding the reference answer or solution.")
+    prompt_template: str = _f("{question}=", "Prompt text; '{question}' is replaced by the question.")
+    system_prompt: str = _f("", "System message, used only with use_chat_template.")
+    use_chat_template: bool = _f(False, "Wrap the prompt with the tokenizer's chat template.")
+    max_prompt_tokens: int = _f(256, "Prompts longer than this are an error.", ge=1)
+
+
+@dataclass
+class RewardCfg:
+    timeout_s: float = _f(5.0, "Per-completion time limit of a reward function; over it scores 0.", gt=0)
+
+
+@dataclass
+class RolloutCfg:
+    backend: Literal["hf", "vllm"] = _f("hf", "Generation backend: hf (transformers generate) or vllm.")
+    prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
+    group_size: int = _f(8, "Completions per prompt (G).", ge=2)
+    max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
+    temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
+    top_p: float = _f(
+        1.0, "Nucleus sampling mass; <1 makes rollout log-probs differ from the trainer's.", gt=0, le=1
+    )
+    gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
+
+
+@dataclass
+class TrainCfg:
+    total_steps: int = _f(100, "RL steps (rollout batches) to train; resume trains up to this.", ge=1)
+    seed: int = _f(0, "Base seed; rank r uses seed + r for sampling.", ge=0)
+    micro_batch_groups: int = _f(4, "Prompt groups per micro-batch per rank (groups are never split).", ge=1)
+    inner_epochs: int = _f(1, "Optimizer steps over each rollout batch (PPO-style reuse).", ge=1)
+    drop_zero_adv_groups: bool = _f(False, "Skip forward/backward for groups whose advantages are all 0.")
+
+
+@dataclass
+class LossCfg:
+    type: Literal["dr_grpo"] = _f("dr_grpo", "Policy-gradient objective.")
+    clip_low: float = _f(0.2, "PPO ratio clip below: 1 - clip_low.", ge=0, le=1)
+    clip_high: float = _f(0.2, "PPO ratio clip above: 1 + clip_high.", ge=0)
+    kl_coef: float = _f(0.0, "Coefficient of the k3 KL penalty to the adapter-disabled reference.", ge=0)
+
+
+@dataclass
+class OptimCfg:
+    lr: float = _f(1e-4, "Peak learning rate (AdamW).", gt=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
+    beta1: float = _f(0.9, "AdamW beta1.", ge=0, le=1)
+    beta2: float = _f(0.999, "AdamW beta2.", ge=0, le=1)
+    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
+    warmup_steps: int = _f(0, "Linear warmup, in optimizer steps.", ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = _f("constant", "LR schedule after warmup.")
+    max_grad_norm: float = _f(1.0, "Clip the global grad norm to this (0 disables clipping).", ge=0)
+
+
+@dataclass
+class CkptCfg:
+    every: int = _f(50, "Save a checkpoint every N steps (and at the end); 0 = only at the end.", ge=0)
+    keep_last: int = _f(3, "Checkpoints to keep (older ones are deleted after a successful save).", ge=1)
+    resume: str = _f("none", "'none', 'latest' (newest complete checkpoint of this run) or a path.")
+
+
+@dataclass
+class EvalCfg:
+    num_prompts: int = _f(64, "Held-out prompts scored by the demo / in-loop eval (0 = all).", ge=0)
+    max_new_tokens: int = _f(32, "Generation limit at eval.", ge=1)
+
+
+@dataclass
+class SftCfg:
+    steps: int = _f(200, "SFT optimizer steps.", ge=1)
+    batch_size: int = _f(32, "Prompt/answer pairs per step, summed over ranks.", ge=1)
+    lr: float = _f(1e-3, "SFT learning rate (AdamW, cosine decay after warmup).", gt=0)
+    warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
+    full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
+    max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+
+
+@dataclass
+class Config:
+    run: RunCfg = field(default_factory=RunCfg)
+    model: ModelCfg = field(default_factory=ModelCfg)
+    lora: LoraCfg = field(default_factory=LoraCfg)
+    data: DataCfg = field(default_factory=DataCfg)
+    reward: RewardCfg = field(default_factory=RewardCfg)
+    rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    train: TrainCfg = field(default_factory=TrainCfg)
+    loss: LossCfg = field(default_factory=LossCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    ckpt: CkptCfg = field(default_factory=CkptCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    sft: SftCfg = field(default_factory=SftCfg)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed once from the config and the world size."""
+
+    world_size: int
+    groups_per_rank: int  # prompt groups each rank generates and trains per step
+    seqs_per_rank: int  # groups_per_rank * group_size
+    accum_steps: int  # micro-batches per optimizer step on each rank
+    micro_batch_seqs: int  # sequences per micro-batch
+    loss_normalizer: int  # Dr-GRPO constant: per-rank sequences x max_new_tokens (DDP averages ranks)
+    run_dir: Path
+
+
+def derive(cfg: Config, world_size: int) -> Derived:
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % world_size:
+        raise ConfigError(
+            f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by the world "
+            f"size {world_size}: every rank must train the same number of prompt groups"
+        )
+    groups = r.prompts_per_step // world_size
+    if groups % t.micro_batch_groups:
+        raise ConfigError(
+            f"prompt groups per rank ({groups} = rollout.prompts_per_step / world size) is not "
+            f"divisible by train.micro_batch_groups={t.micro_batch_groups}"
+        )
+    return Derived(
+        world_size=world_size,
+        groups_per_rank=groups,
+        seqs_per_rank=groups * r.group_size,
+        accum_steps=groups // t.micro_batch_groups,
+        micro_batch_seqs=t.micro_batch_groups * r.group_size,
+        loss_normalizer=groups * r.group_size * r.max_new_tokens,
+        run_dir=Path(cfg.run.output_dir) / cfg.run.name,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_value(value: Any, tp: Any, key: str, meta: dict) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            choices = ", ".join(repr(c) for c in typing.get_args(tp))
+            raise ConfigError(f"{key}={value!r} is not one of {choices}")
+        return value
+    if origin in (list, typing.List):  # noqa: UP006
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__} {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_check_value(v, item, f"{key}[{i}]", {}) for i, v in enumerate(value)]
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        tp = next(a for a in args if a is not type(None))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, str):  # PyYAML reads '1e-4' (no dot) as a string: accept it as the number it is
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+    if meta.get("ge") is not None and value < meta["ge"]:
+        raise ConfigError(f"{key}={value} must be >= {meta['ge']}")
+    if meta.get("gt") is not None and value <= meta["gt"]:
+        raise ConfigError(f"{key}={value} must be > {meta['gt']}")
+    if meta.get("le") is not None and value > meta["le"]:
+        raise ConfigError(f"{key}={value} must be <= {meta['le']}")
+    return value
+
+
+def _unknown(key: str, valid: list[str], where: str) -> ConfigError:
+    near = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
+    hint = ""
+    if near:
+        full = next(v for v in valid if v.rsplit(".", 1)[-1] == near[0])
+        hint = f"; did you mean '{full}'?"
+    return ConfigError(f"{where}unknown config key '{key}'{hint}")
+
+
+def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}'{prefix.rstrip('.') or '<root>'}' must be a mapping, got {data!r}")
+    hints = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    valid = [prefix + n for n in fields]
+    kwargs = {}
+    for k, v in data.items():
+        if k not in fields:
+            raise _unknown(prefix + str(k), valid, where)
+        tp = hints[k]
+        if dataclasses.is_dataclass(tp):
+            kwargs[k] = _build(tp, v or {}, f"{prefix}{k}.", where)
+        else:
+            try:
+                kwargs[k] = _check_value(v, tp, prefix + k, dict(fields[k].metadata))
+            except ConfigError as e:
+                raise ConfigError(f"{where}{e}") from None
+    return cls(**kwargs)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = _field_types(cls)[f.name]
+        out += all_keys(tp, f"{prefix}{f.name}.") if dataclasses.is_dataclass(tp) else [prefix + f.name]
+    return out
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node: dict = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key}: '{p}' is not a section")
+    node[parts[-1]] = value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    valid = all_keys()
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}' must look like section.key=value")
+        key, raw = ov.split("=", 1)
+        if key not in valid:
+            raise _unknown(key, valid, "command line: ")
+        # YAML parsing gives overrides the same typing as the file (3 -> int, 1e-4 -> float, [a,b] -> list).
+        _set_dotted(tree, key, yaml.safe_load(raw) if raw != "" else "")
+    return tree
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
+    """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config."""
+    tree: dict = {}
+    where = ""
+    if path is not None:
+        where = f"{path}: "
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    tree = apply_overrides(tree, overrides or [])
+    cfg = _build(Config, tree, "", where)
+    if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
+        raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
+    return cfg
+
+
+def to_dict(cfg: Config, redact: bool = True) -> dict:
+    """Plain dict of the config; fields marked secret are replaced by '***'."""
+    out = dataclasses.asdict(cfg)
+    if redact:
+        for section in dataclasses.fields(cfg):
+            for f in dataclasses.fields(getattr(cfg, section.name)):
+                if f.metadata.get("secret") and out[section.name][f.name]:
+                    out[section.name][f.name] = "***"
+    return out
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " \\| ".join(str(a) for a in typing.get_args(tp))
+    return tp.__name__ if isinstance(tp, type) else str(tp)
+
+
+def reference(cls: type = Config, prefix: str = "") -> str:
+    """Markdown table of every key, its type, default and doc (the config reference)."""
+    lines = [] if prefix else ["| key | type | default | meaning |", "|---|---|---|---|"]
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(reference(tp, f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        doc = f.metadata["doc"].replace("|", "\\|")
+        lines.append(f"| `{prefix}{f.name}` | {_type_name(tp)} | `{default!r}` | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(reference())

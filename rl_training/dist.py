@@ -1,0 +1,119 @@
+"""Distributed hygiene in one place: init from the torchrun environment, rank helpers, reductions.
+
+Works with or without torchrun: a plain `python` launch is a world of one and never creates a process
+group. gloo on CPU, NCCL on CUDA. Nothing here is called only on rank 0 if it is a collective.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK set by torchrun; create the process group when world > 1."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def barrier() -> None:
+    if is_dist():
+        dist.barrier()
+
+
+def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce (sum/max/min); identity in a world of one."""
+    if is_dist():
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        dist.all_reduce(t, op=ops[op])
+    return t
+
+
+def average_gradients_(params: list[torch.nn.Parameter]) -> None:
+    """Average .grad over ranks with one flat all-reduce (what DDP does, for the few LoRA tensors).
+
+    A manual reduction instead of the DDP wrapper: ranks may run different numbers of micro-batches
+    (zero-advantage groups skipped), and the probes need each rank's local gradient before the reduction.
+    """
+    if not is_dist():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    if len(grads) != len(params):
+        raise RuntimeError("every trainable parameter must have a .grad before the all-reduce")
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+
+
+def reduce_sums(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sum each scalar over ranks (one collective for the whole dict, keys in sorted order)."""
+    if not is_dist():
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def reduce_max(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    if not is_dist():
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def broadcast_object(obj, src: int = 0):
+    if not is_dist():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def print0(*args, **kwargs) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

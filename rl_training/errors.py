@@ -1,0 +1,8 @@
+"""The errors a user's input can cause; runners print them as one line and exit with status 2."""
+
+from rl_training.checkpoint import CheckpointError
+from rl_training.config import ConfigError
+from rl_training.data.sources import DataError
+from rl_training.models import ModelLoadError
+
+USER_ERRORS = (ConfigError, DataError, ModelLoadError, CheckpointError)

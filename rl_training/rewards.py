@@ -1,0 +1,143 @@
+"""Verifiable rewards: pure functions (completion, reference) -> float, and a safe batch scorer.
+
+One grader serves training and evaluation (evals/ imports this module), so a completion scores the same
+in both. A reward function that raises or runs past its time limit scores 0 for that completion; the
+scorer counts it and the run goes on.
+
+Graders
+- `math_reward`: math-verify (HF) equivalence of the completion's final answer with the reference. It
+  handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
+- `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
+  max(len(pred), len(ref)), so 1.0 only for the exact reversal.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+RewardFn = Callable[[str, str], float]
+
+
+# ------------------------------------------------------------------------------------------------- graders
+def _mv_parse(text: str):
+    from math_verify import parse
+
+    # Our own time limit wraps the call (see `_time_limit`); math-verify's alarm-based one would replace it.
+    return parse(text, parsing_timeout=None)
+
+
+def math_reward(completion: str, reference: str) -> float:
+    from math_verify import verify
+
+    gold = _mv_parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
+    pred = _mv_parse(completion)
+    if not gold or not pred:
+        return 0.0
+    return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+_BOXED_OR_HASH = re.compile(r"\\boxed\s*\{|####\s*\S")
+
+
+def math_has_answer(completion: str) -> bool:
+    """Format check: the completion commits to a final answer (\\boxed{...} or '#### N')."""
+    return bool(_BOXED_OR_HASH.search(completion))
+
+
+def reverse_reward(completion: str, reference: str) -> float:
+    pred = completion.strip()
+    if not pred and not reference:
+        return 1.0
+    same = sum(a == b for a, b in zip(pred, reference, strict=False))
+    return same / max(len(pred), len(reference))
+
+
+def reverse_has_answer(completion: str) -> bool:
+    pred = completion.strip()
+    return bool(pred) and pred.isalpha()
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a data format means for scoring: the reward, the format check, and 'correct'."""
+
+    reward: RewardFn
+    has_answer: Callable[[str], bool]
+    correct_threshold: float = 1.0  # reward >= this counts as correct (accuracy)
+
+
+TASKS: dict[str, Task] = {
+    "gsm8k": Task(math_reward, math_has_answer),
+    "math": Task(math_reward, math_has_answer),
+    "reverse": Task(reverse_reward, reverse_has_answer),
+}
+
+
+# ------------------------------------------------------------------------------------------ safe scoring
+class RewardTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """SIGALRM-based limit (Unix, main thread). Elsewhere the limit cannot be enforced and is skipped."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise RewardTimeout
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+_NO_RESULT = object()
+
+
+@dataclass
+class Scores:
+    rewards: list[float]
+    correct: list[bool]
+    formatted: list[bool]
+    errors: int  # reward function raised (scored 0)
+    timeouts: int  # reward function exceeded its limit (scored 0)
+    invalid: int  # returned a non-finite or non-numeric value (scored 0)
+
+
+def score_completions(
+    task: Task, completions: Sequence[str], references: Sequence[str], timeout_s: float
+) -> Scores:
+    rewards, correct, formatted = [], [], []
+    errors = timeouts = invalid = 0
+    for c, ref in zip(completions, references, strict=True):
+        r, out = 0.0, _NO_RESULT
+        try:
+            with _time_limit(timeout_s):
+                out = task.reward(c, ref)
+        except RewardTimeout:
+            timeouts += 1
+        except Exception:  # noqa: BLE001 -- a user reward may raise anything; it must never stop the run
+            errors += 1
+        if out is not _NO_RESULT:
+            try:
+                r = float(out)
+            except (TypeError, ValueError):
+                r = float("nan")
+            if not math.isfinite(r):
+                invalid, r = invalid + 1, 0.0
+        rewards.append(r)
+        correct.append(r >= task.correct_threshold)
+        formatted.append(task.has_answer(c))
+    return Scores(rewards, correct, formatted, errors, timeouts, invalid)

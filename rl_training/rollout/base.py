@@ -1,0 +1,67 @@
+"""The rollout-backend interface: generate groups of completions, take new weights, sleep and wake.
+
+A backend is chosen once at setup from `rollout.backend` (see `build_backend`). The loop only calls these
+methods; memory juggling (sleep/wake) and any engine internals stay inside the backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass
+class Rollouts:
+    """Completions ordered group by group: sequences [g*G, (g+1)*G) answer prompt g."""
+
+    prompt_ids: list[list[int]]  # [N][prompt_len] prompt tokens of each sequence (shared within a group)
+    completion_ids: list[list[int]]  # [N][len_i] sampled tokens, the stop token included when produced
+    logprobs: list[list[float]]  # [N][len_i] the sampler's log-prob of each sampled token (after temperature)
+    truncated: list[bool]  # [N] stopped by max_new_tokens, not by a stop token
+    texts: list[str]  # [N] decoded completions, special tokens removed
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int  # completions per prompt
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+
+class RolloutBackend(Protocol):
+    name: str
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts: ...
+
+    def sync_weights(self, model) -> None:
+        """Make the next generate() use the trainer's current weights."""
+
+    def sleep(self) -> None:
+        """Release generation memory while the trainer runs."""
+
+    def wake(self) -> None: ...
+
+
+def split_completion(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """Cut a generated row at its first stop token (kept). Returns (tokens, truncated).
+
+    Rows that never stop are exactly max_new_tokens long (generation only ends early when all rows
+    stopped), so nothing after the cut is a sampled token.
+    """
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[: i + 1], False
+    return tokens, True
+
+
+def build_backend(cfg, model, tokenizer, dist_info) -> RolloutBackend:
+    if cfg.rollout.backend == "hf":
+        from rl_training.rollout.hf import HFBackend
+
+        return HFBackend(model, tokenizer, cfg.rollout.gen_batch_size)
+    raise NotImplementedError("rollout.backend='vllm' is not available yet (issue 3); use 'hf'")

@@ -1,0 +1,198 @@
+"""Dr-GRPO + LoRA reinforcement learning with verifiable rewards, one process per rank.
+
+    torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/tiny_cpu.yaml
+    torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/testconfig.yaml train.total_steps=3
+    torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/tiny_cpu.yaml ckpt.resume=latest
+    python -m rl_training.runners.rl_runner --cfg cfg/testconfig.yaml      # a world of one, no torchrun
+
+Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
+Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
+backend -> log -> checkpoint. Outputs go to run.output_dir/run.name (see README, "Outputs").
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from rl_training import dist
+from rl_training.algs.dr_grpo import group_advantages
+from rl_training.checkpoint import load_checkpoint, save_checkpoint
+from rl_training.cli import run_cli
+from rl_training.config import Config, Derived, derive, to_yaml
+from rl_training.data.prompts import PromptSampler, encode_prompts
+from rl_training.data.sources import Example, load_examples
+from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
+from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
+from rl_training.rewards import TASKS, Task, score_completions
+from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend
+from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
+from rl_training.trainer import make_micro_batches, train_on_rollouts
+
+
+@dataclass
+class Run:
+    cfg: Config
+    d: Derived
+    info: dist.DistInfo
+    model: torch.nn.Module
+    tokenizer: object
+    params: list
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    backend: RolloutBackend
+    task: Task
+    examples: list[Example]
+    prompts: list[list[int]]
+    sampler: PromptSampler
+    logger: MetricsLogger
+    start_step: int
+
+
+def setup(cfg: Config, info: dist.DistInfo) -> Run:
+    d = derive(cfg, info.world_size)
+    set_cpu_threads()
+    resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir)
+    seed_all(cfg.train.seed)  # the same LoRA init on every rank
+    tokenizer, model = build_policy(cfg, info.device)
+    params = trainable_parameters(model)
+    optimizer, scheduler = build_optimizer(params, cfg.optim, cfg.train.total_steps * cfg.train.inner_epochs)
+    examples = load_examples(cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key)
+    prompts = encode_prompts(examples, cfg.data, tokenizer)
+    sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
+    seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
+    start_step = 0
+    if resume_from is not None:
+        start_step = load_checkpoint(resume_from, model, optimizer, scheduler, info.rank, info.world_size).step
+        assert_only_adapter_trainable(model)
+        dist.print0(f"resumed from {resume_from} at step {start_step}")
+    backend = build_backend(cfg, model, tokenizer, info)
+    if info.is_main:
+        d.run_dir.mkdir(parents=True, exist_ok=True)
+        (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        print(
+            f"# resolved config (world size {info.world_size}, {d.accum_steps} micro-batches/step)\n"
+            f"{to_yaml(cfg)}",
+            flush=True,
+        )
+    logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
+    logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
+    return Run(
+        cfg,
+        d,
+        info,
+        model,
+        tokenizer,
+        params,
+        optimizer,
+        scheduler,
+        backend,
+        TASKS[cfg.data.format],
+        examples,
+        prompts,
+        sampler,
+        logger,
+        start_step,
+    )
+
+
+def rl_step(run: Run, step: int) -> dict[str, float]:
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    timer = PhaseTimer()
+    idx = run.sampler.indices(step, run.info.rank)
+    spec = SamplingSpec(
+        n=G,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+    )
+    with timer("generate"):
+        rollouts = run.backend.generate([run.prompts[i] for i in idx], spec)
+    with timer("score"):
+        refs = [run.examples[i].reference for i in idx for _ in range(G)]
+        scores = score_completions(run.task, rollouts.texts, refs, cfg.reward.timeout_s)
+        advantages = group_advantages(torch.tensor(scores.rewards, dtype=torch.float32), G)
+    with timer("train"):
+        micro = make_micro_batches(
+            rollouts,
+            advantages,
+            G,
+            cfg.train.micro_batch_groups,
+            run.tokenizer.pad_token_id,
+            run.info.device,
+            cfg.train.drop_zero_adv_groups,
+        )
+        lr = run.scheduler.get_last_lr()[0]
+        stats = train_on_rollouts(
+            run.model,
+            run.optimizer,
+            run.scheduler,
+            run.params,
+            micro,
+            normalizer=run.d.loss_normalizer,
+            inner_epochs=cfg.train.inner_epochs,
+            clip_low=cfg.loss.clip_low,
+            clip_high=cfg.loss.clip_high,
+            kl_coef=cfg.loss.kl_coef,
+            log_kl=True,
+            temperature=cfg.rollout.temperature,
+            max_grad_norm=cfg.optim.max_grad_norm,
+        )
+    with timer("sync"):
+        run.backend.sync_weights(run.model)
+    return step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+
+
+def checkpoint(run: Run, step: int) -> None:
+    epoch, offset = run.sampler.position(step)
+    save_checkpoint(
+        run.d.run_dir,
+        step,
+        run.model,
+        run.optimizer,
+        run.scheduler,
+        to_yaml(run.cfg),
+        {"data_epoch": epoch, "data_offset": offset},
+        run.cfg.ckpt.keep_last,
+    )
+
+
+def train(run: Run) -> None:
+    from tqdm import tqdm
+
+    total = run.cfg.train.total_steps
+    bar = tqdm(
+        total=total,
+        initial=run.start_step,
+        desc="rl",
+        dynamic_ncols=True,
+        disable=not (run.info.is_main and run.cfg.run.progress_bar),
+    )
+    every = run.cfg.ckpt.every
+    for step in range(run.start_step, total):
+        metrics = rl_step(run, step)
+        run.logger.log(step + 1, metrics)
+        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")
+        bar.update(1)
+        if (every and (step + 1) % every == 0) or step + 1 == total:
+            checkpoint(run, step + 1)
+    bar.close()
+
+
+def rl(cfg: Config, info: dist.DistInfo) -> None:
+    run = setup(cfg, info)
+    if run.start_step >= cfg.train.total_steps:
+        dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={cfg.train.total_steps}")
+    else:
+        train(run)
+    run.logger.close()
+
+
+def main(argv=None) -> int:
+    return run_cli(__doc__, rl, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

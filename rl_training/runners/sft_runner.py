@@ -1,0 +1,132 @@
+"""Supervised warm start on prompt/answer pairs, with the RL runner's config system.
+
+    torchrun --nproc_per_node=1 rl_training/runners/sft_runner.py --cfg cfg/tiny_sft.yaml [key=value ...]
+    python -m rl_training.runners.sft_runner --cfg cfg/tiny_sft.yaml sft.steps=100
+
+Trains all weights (sft.full_finetune=true) or a LoRA adapter (merged into the weights at the end) on
+prompt -> answer-field text + EOS, with the loss on answer tokens only, prompts rendered by the same
+template as RL. Writes run_dir/final_model/ (a plain HF model + tokenizer, written atomically): point the
+RL runner's model.name_or_path at it to start RL from the SFT checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+
+from rl_training import dist
+from rl_training.cli import run_cli
+from rl_training.config import ConfigError, derive, to_yaml
+from rl_training.data.prompts import encode_prompts
+from rl_training.data.sources import load_examples
+from rl_training.metrics import MetricsLogger, peak_memory
+from rl_training.models import apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
+
+
+def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], int]]:
+    """(prompt + answer + EOS token ids, prompt length) per example."""
+    prompts = encode_prompts(examples, data_cfg, tokenizer)
+    return [
+        (p + tokenizer(ex.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id], len(p))
+        for p, ex in zip(prompts, examples, strict=True)
+    ]
+
+
+def collate(pairs, pad_id: int, device):
+    width = max(len(s) for s, _ in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (seq, plen) in enumerate(pairs):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        labels[i, plen : len(seq)] = ids[i, plen : len(seq)]
+    return ids.to(device), attn.to(device), labels.to(device)
+
+
+def save_final_model(model, tokenizer, out_dir, merge: bool) -> None:
+    tmp = out_dir.parent / f".tmp_{out_dir.name}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (model.merge_and_unload() if merge else model).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+
+
+def sft(cfg, info) -> None:
+    d = derive(cfg, info.world_size)
+    s = cfg.sft
+    if s.batch_size % info.world_size:
+        raise ConfigError(f"sft.batch_size={s.batch_size} is not divisible by the world size {info.world_size}")
+    set_cpu_threads()
+    seed_all(cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    model = load_base_model(cfg.model, info.device)
+    if not s.full_finetune:
+        model = apply_lora(model, cfg.lora)
+    params = trainable_parameters(model)
+    optimizer, scheduler = build_optimizer(
+        params,
+        cfg.optim.__class__(
+            lr=s.lr,
+            warmup_steps=s.warmup_steps,
+            schedule="cosine",
+            weight_decay=cfg.optim.weight_decay,
+            max_grad_norm=cfg.optim.max_grad_norm,
+        ),
+        s.steps,
+    )
+    examples = load_examples(
+        cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=s.max_examples
+    )
+    pairs = encode_pairs(examples, cfg.data, tokenizer)
+    if info.is_main:
+        d.run_dir.mkdir(parents=True, exist_ok=True)
+        (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
+    logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard)
+    rng = np.random.default_rng(cfg.train.seed)  # same stream on every rank: ranks take disjoint slices
+    per_rank = s.batch_size // info.world_size
+    model.train()
+    for step in range(s.steps):
+        batch = rng.choice(len(pairs), size=s.batch_size, replace=len(pairs) < s.batch_size)
+        mine = batch[info.rank * per_rank : (info.rank + 1) * per_rank]
+        ids, attn, labels = collate([pairs[i] for i in mine], tokenizer.pad_token_id, info.device)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        dist.average_gradients_(params)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        metrics = dist.reduce_sums({"loss": loss.item()}, info.device)
+        logger.log(
+            step + 1,
+            {
+                "sft/loss": metrics["loss"] / info.world_size,
+                "sft/grad_norm": norm.item(),
+                "sft/lr": lr,
+                **peak_memory(),
+            },
+        )
+        if info.is_main and ((step + 1) % 50 == 0 or step + 1 == s.steps):
+            print(f"sft step {step + 1}/{s.steps} loss {metrics['loss'] / info.world_size:.4f}", flush=True)
+    logger.close()
+    if info.is_main:
+        save_final_model(model, tokenizer, d.run_dir / "final_model", merge=not s.full_finetune)
+        print(f"wrote {d.run_dir / 'final_model'}", flush=True)
+    dist.barrier()
+
+
+def main(argv=None) -> int:
+    return run_cli(__doc__, sft, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Create the tiny Qwen2-architecture model + byte-level tokenizer locally (fixed seed, no downloads).
+
+python scripts/make_tiny_model.py --out models/tiny-qwen2 [--seed 0]
+"""
+
+import argparse
+
+from rl_training.tiny_model import make_tiny_model
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="models/tiny-qwen2")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(make_tiny_model(a.out, seed=a.seed))

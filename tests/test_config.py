@@ -1,0 +1,115 @@
+"""Config loading: every shipped YAML loads; bad keys, types, bounds and batch layouts fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl_training.config import ConfigError, all_keys, derive, load_config, reference, to_yaml
+
+CFG_DIR = Path(__file__).resolve().parents[1] / "cfg"
+
+
+@pytest.mark.parametrize("path", sorted(CFG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_cfg_loads_and_derives(path):
+    cfg = load_config(path)
+    d = derive(cfg, world_size=1)
+    assert d.accum_steps * cfg.train.micro_batch_groups == cfg.rollout.prompts_per_step
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(CFG_DIR / "tiny_cpu.yaml", ["train.total_steps=7", "lora.target_modules=[q_proj,v_proj]"])
+    (tmp_path / "c.yaml").write_text(to_yaml(cfg))
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert cfg.train.total_steps == 7 and cfg.lora.target_modules == ["q_proj", "v_proj"]
+
+
+def test_derived_values():
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=16",
+            "rollout.group_size=8",
+            "train.micro_batch_groups=2",
+            "rollout.max_new_tokens=32",
+        ],
+    )
+    d = derive(cfg, world_size=2)
+    # 16 groups / 2 ranks = 8 groups per rank; 8 / 2 per micro = 4 micro-batches; 8 x 8 = 64 seqs per rank
+    assert (d.groups_per_rank, d.accum_steps, d.seqs_per_rank, d.micro_batch_seqs) == (8, 4, 64, 16)
+    assert d.loss_normalizer == 64 * 32  # per-rank sequences x max_new_tokens
+
+
+def test_unknown_key_names_nearest(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("loss:\n  kl_coeff: 0.1\n")  # the typo that disabled KL forever in the earlier codebase
+    with pytest.raises(
+        ConfigError, match=r"c.yaml: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"
+    ):
+        load_config(p)
+
+
+def test_unknown_section_and_override():
+    with pytest.raises(
+        ConfigError, match="unknown config key 'trian.total_steps'; did you mean 'train.total_steps'"
+    ):
+        load_config(None, ["trian.total_steps=3"])
+    with pytest.raises(
+        ConfigError, match="unknown config key 'rollout.max_tokens'; did you mean 'rollout.max_new_tokens'"
+    ):
+        load_config(None, ["rollout.max_tokens=3"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.total_steps=abc", "train.total_steps must be an integer, got 'abc'"),
+        ("train.total_steps=1.5", "train.total_steps must be an integer"),
+        ("train.total_steps=0", "train.total_steps=0 must be >= 1"),
+        ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
+        ("rollout.backend=tgi", "rollout.backend='tgi' is not one of 'hf', 'vllm'"),
+        ("run.tensorboard=yes please", "run.tensorboard must be true or false"),
+        ("lora.target_modules=q_proj", "lora.target_modules must be a list"),
+        ("ckpt.resume=/no/such/ckpt", "ckpt.resume='/no/such/ckpt': no such checkpoint directory"),
+    ],
+)
+def test_type_and_bound_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config(None, [override])
+
+
+def test_float_written_without_dot_is_accepted():
+    assert load_config(None, ["optim.lr=3e-4"]).optim.lr == pytest.approx(3e-4)
+
+
+def test_non_divisible_batches():
+    cfg = load_config(None, ["rollout.prompts_per_step=6"])
+    with pytest.raises(ConfigError, match="prompts_per_step=6 is not divisible by the world size 4"):
+        derive(cfg, world_size=4)
+    cfg = load_config(None, ["rollout.prompts_per_step=6", "train.micro_batch_groups=4"])
+    with pytest.raises(ConfigError, match=r"prompt groups per rank \(6 .*micro_batch_groups=4"):
+        derive(cfg, world_size=1)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train:\n  total_steps: 3\n  seed: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
+        load_config(p)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
+        load_config("nope.yaml")
+
+
+def test_reference_documents_every_key():
+    ref = reference()
+    for key in all_keys():
+        assert f"`{key}`" in ref
+
+
+def test_readme_config_reference_is_current():
+    readme = (CFG_DIR.parent / "README.md").read_text()
+    assert reference() in readme, "regenerate the README's config reference: python -m rl_training.config"

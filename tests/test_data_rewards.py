@@ -1,0 +1,146 @@
+"""Data loading (formats, references, file:line errors), the sampler, and the reward graders."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rl_training.data.prompts import PromptSampler, render_prompt
+from rl_training.data.sources import DataError, last_boxed, load_examples
+from rl_training.rewards import TASKS, Task, math_reward, reverse_reward, score_completions
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_gsm8k_reference_strips_commas(tmp_path):
+    p = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "work...\n#### 1,234"}])
+    (ex,) = load_examples(str(p), "gsm8k")
+    assert ex.reference == "1234" and ex.solution.endswith("#### 1,234") and ex.source == f"{p}:1"
+
+
+def test_math_reference_is_last_boxed(tmp_path):
+    p = write_jsonl(tmp_path / "m.jsonl", [{"problem": "p", "solution": r"so \boxed{2} and \boxed{\frac{1}{2}}."}])
+    (ex,) = load_examples(str(p), "math", question_key="problem", answer_key="solution")
+    assert ex.reference == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{a{b}c}") == "a{b}c" and last_boxed("none") is None
+
+
+def test_parquet_source(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": ["abc"], "answer": ["cba"]}), tmp_path / "d.parquet")
+    (ex,) = load_examples(str(tmp_path / "d.parquet"), "reverse")
+    assert (ex.question, ex.reference) == ("abc", "cba")
+
+
+@pytest.mark.parametrize(
+    "rows, fmt, message",
+    [
+        (
+            ['{"question": "a", "answer": "b"}', '{"question": "a", "answer": '],
+            "reverse",
+            r"\.jsonl:2: invalid JSON",
+        ),
+        ([{"question": "a"}], "reverse", r"\.jsonl:1: missing key 'answer'"),
+        (
+            [{"question": "a", "answer": "#### 4"}, {"question": "q", "answer": "no final"}],
+            "gsm8k",
+            r"\.jsonl:2: gsm8k answer has no '#### N'",
+        ),
+        (["[1, 2]"], "reverse", r"\.jsonl:1: expected a JSON object"),
+    ],
+)
+def test_data_errors_name_file_and_line(tmp_path, rows, fmt, message):
+    p = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(DataError, match=message):
+        load_examples(str(p), fmt)
+
+
+def test_missing_data_file():
+    with pytest.raises(DataError, match="data file not found: /no/such.jsonl"):
+        load_examples("/no/such.jsonl", "gsm8k")
+
+
+def test_render_prompt_keeps_latex_braces():
+    assert render_prompt(r"Find \frac{1}{2}", "Q: {question}\nA:") == "Q: Find \\frac{1}{2}\nA:"
+
+
+def test_sampler_shards_are_disjoint_and_deterministic():
+    s = PromptSampler(n=103, prompts_per_step=8, world_size=2, seed=5)
+    assert s.steps_per_epoch == 12  # 103 // 8, the remainder of each epoch is dropped
+    for step in (0, 5, 11, 12, 30):
+        r0, r1 = s.indices(step, 0), s.indices(step, 1)
+        assert len(r0) == len(r1) == 4 and not set(r0) & set(r1)
+        assert r0 == PromptSampler(103, 8, 2, 5).indices(step, 0)  # a pure function of (seed, step, rank)
+    epoch0 = [i for step in range(12) for r in (0, 1) for i in s.indices(step, r)]
+    assert len(set(epoch0)) == 96  # no prompt twice within an epoch
+    assert s.indices(12, 0) != s.indices(0, 0)  # a new permutation each epoch
+    assert s.position(13) == (1, 8)
+
+
+def test_sampler_rejects_tiny_dataset():
+    with pytest.raises(DataError, match="dataset has 3 prompts < rollout.prompts_per_step=4"):
+        PromptSampler(3, 4, 1, 0)
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+@pytest.mark.parametrize(
+    "pred, ref, expected",
+    [
+        ("cba", "cba", 1.0),
+        ("cbx", "cba", 2 / 3),  # 2 of 3 positions match
+        ("cb", "cba", 2 / 3),  # missing char: 2 matches / max(2, 3)
+        ("cbaa", "cba", 3 / 4),  # extra char: 3 matches / max(4, 3)
+        ("", "cba", 0.0),
+        (" cba\n", "cba", 1.0),  # surrounding whitespace is ignored
+    ],
+)
+def test_reverse_reward(pred, ref, expected):
+    assert reverse_reward(pred, ref) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "completion, reference, expected",
+    [
+        (r"The answer is \boxed{72}.", "72", 1.0),
+        ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72", 1.0),
+        ("#### 1,234", "1234", 1.0),
+        (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+        (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{73}", "72", 0.0),
+        ("I don't know", "72", 0.0),
+    ],
+)
+def test_math_reward(completion, reference, expected):
+    assert math_reward(completion, reference) == expected
+
+
+def test_failing_reward_functions_score_zero_and_are_counted():
+    def flaky(c, r):
+        if c == "raise":
+            raise RuntimeError("boom")
+        if c == "slow":
+            time.sleep(5)
+        if c == "nan":
+            return float("nan")
+        if c == "str":
+            return "high"
+        return 0.75
+
+    task = Task(flaky, lambda c: True, correct_threshold=0.5)
+    t0 = time.perf_counter()
+    s = score_completions(task, ["ok", "raise", "slow", "nan", "str", "ok"], ["r"] * 6, timeout_s=0.2)
+    assert time.perf_counter() - t0 < 2.0  # the slow call was cut at its 0.2 s limit
+    assert s.rewards == [0.75, 0.0, 0.0, 0.0, 0.0, 0.75]
+    assert (s.errors, s.timeouts, s.invalid) == (1, 1, 2)
+    assert s.correct == [True, False, False, False, False, True]
+
+
+def test_tasks_share_one_grader_table():
+    assert TASKS["gsm8k"].reward is math_reward and TASKS["reverse"].reward is reverse_reward
