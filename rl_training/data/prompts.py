@@ -1,0 +1,68 @@
+"""Prompt rendering (one template for training, SFT and evaluation) and the seeded, rank-sharded sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rl_training.data.sources import DataError, Example
+
+
+def render_prompt(question: str, template: str, tokenizer=None, use_chat_template: bool = False,
+                  system_prompt: str = "") -> str:
+    # str.replace, not str.format: LaTeX questions are full of braces.
+    text = template.replace("{question}", question)
+    if not use_chat_template:
+        return text
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+    messages.append({"role": "user", "content": text})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(examples: list[Example], data_cfg, tokenizer) -> list[list[int]]:
+    """Token ids of each rendered prompt; a prompt over data.max_prompt_tokens is an error naming it."""
+    out = []
+    for ex in examples:
+        text = render_prompt(ex.question, data_cfg.prompt_template, tokenizer, data_cfg.use_chat_template,
+                             data_cfg.system_prompt)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        if len(ids) > data_cfg.max_prompt_tokens:
+            raise DataError(f"{ex.source}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
+                            f"{data_cfg.max_prompt_tokens}")
+        out.append(ids)
+    return out
+
+
+@dataclass(frozen=True)
+class PromptSampler:
+    """Which prompts each rank trains on at each step: a pure function of (seed, step, rank).
+
+    Each epoch is a fresh seeded permutation of the dataset; each step takes the next `prompts_per_step`
+    indices (the remainder of an epoch is dropped so every step is full) and rank r takes its contiguous
+    slice, so ranks see disjoint prompts. Being stateless, the data position after a resume is exact.
+    """
+
+    n: int
+    prompts_per_step: int
+    world_size: int
+    seed: int
+
+    def __post_init__(self):
+        if self.n < self.prompts_per_step:
+            raise DataError(f"dataset has {self.n} prompts < rollout.prompts_per_step={self.prompts_per_step}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.n // self.prompts_per_step
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, offset into that epoch's permutation) at the start of 0-based `step`."""
+        return step // self.steps_per_epoch, (step % self.steps_per_epoch) * self.prompts_per_step
+
+    def indices(self, step: int, rank: int) -> list[int]:
+        epoch, offset = self.position(step)
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        per_rank = self.prompts_per_step // self.world_size
+        start = offset + rank * per_rank
+        return perm[start:start + per_rank].tolist()

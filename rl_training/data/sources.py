@@ -1,0 +1,123 @@
+"""Prompt data: GSM8K-, MATH- and synthetic-format records from local files or a `datasets` name.
+
+A source is a path (.jsonl, .json, .parquet) or a Hugging Face `datasets` spec 'name[:config]@split'
+(read from the local cache in offline mode). Every malformed record is an error naming file:line and key.
+References are normalised once here, so rewards receive the bare final answer:
+- gsm8k: the text after the last '####', thousands separators removed ("1,234" -> "1234");
+- math: the last \\boxed{...} of the answer/solution field, or the field itself when it has no \\boxed;
+- reverse: the answer field as is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Malformed data; the message names the file and line (or row) and the key."""
+
+
+@dataclass(frozen=True)
+class Example:
+    question: str
+    reference: str  # normalised final answer the reward compares against
+    solution: str  # the full answer field (SFT target text)
+    source: str  # "file:line" or "dataset@split:row", for error messages and per-problem eval files
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; None if absent."""
+    for marker in ("\\boxed", "\\fbox"):
+        start = text.rfind(marker)
+        if start < 0:
+            continue
+        i = text.find("{", start)
+        if i < 0:
+            continue
+        depth = 0
+        for j in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                return text[i + 1:j].strip()
+        return None
+    return None
+
+
+def reference_of(fmt: str, answer: str, where: str) -> str:
+    if fmt == "gsm8k":
+        if "####" not in answer:
+            raise DataError(f"{where}: gsm8k answer has no '#### N' final answer: {answer[-80:]!r}")
+        return answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if fmt == "math":
+        boxed = last_boxed(answer)
+        return boxed if boxed is not None else answer.strip()
+    return answer
+
+
+def _records_from_file(path: Path):
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open() as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+                yield f"{path}:{lineno}", rec
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a JSON list of records")
+        for i, rec in enumerate(data):
+            yield f"{path}[{i}]", rec
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, rec in enumerate(pq.read_table(path).to_pylist()):
+            yield f"{path}:row {i}", rec
+    else:
+        raise DataError(f"{path}: unsupported data file type '{suffix}' (use .jsonl, .json or .parquet)")
+
+
+def _records_from_hub(spec: str):
+    import datasets
+
+    name, _, split = spec.partition("@")
+    name, _, config = name.partition(":")
+    ds = datasets.load_dataset(name, config or None, split=split or "train")
+    for i, rec in enumerate(ds):
+        yield f"{spec}:row {i}", rec
+
+
+def load_examples(spec: str, fmt: str, question_key: str = "question", answer_key: str = "answer",
+                  limit: int = 0) -> list[Example]:
+    path = Path(spec)
+    if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.exists():
+        if not path.exists():
+            raise DataError(f"data file not found: {spec}")
+        records = _records_from_file(path)
+    else:
+        records = _records_from_hub(spec)
+    out = []
+    for where, rec in records:
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        for key in (question_key, answer_key):
+            if key not in rec:
+                raise DataError(f"{where}: missing key '{key}' (has: {', '.join(map(str, rec))})")
+            if not isinstance(rec[key], str | int | float):
+                raise DataError(f"{where}: key '{key}' must be a string, got {type(rec[key]).__name__}")
+        answer = str(rec[answer_key])
+        out.append(Example(str(rec[question_key]), reference_of(fmt, answer, where), answer, where))
+        if limit and len(out) >= limit:
+            break
+    if not out:
+        raise DataError(f"{spec}: no records")
+    return out
