@@ -26,16 +26,18 @@ format: setup
 	.venv/bin/ruff format .
 
 tiny: setup
-	$(PY) scripts/make_tiny_model.py --out models/tiny-qwen2
-	$(PY) scripts/make_synthetic_data.py --out data/reverse
+	test -f models/tiny-qwen2/config.json || $(PY) scripts/make_tiny_model.py --out models/tiny-qwen2
+	test -f data/reverse/train.jsonl || $(PY) scripts/make_synthetic_data.py --out data/reverse
 
-sft: setup
-	.venv/bin/torchrun --nproc_per_node=$(NPROC) rl_training/runners/sft_runner.py --cfg cfg/tiny_sft.yaml
+# The SFT warm start cfg/tiny_cpu.yaml starts from (runs/tiny_sft/final_model); skipped when present.
+sft: tiny
+	test -f runs/tiny_sft/final_model/config.json || \
+	  .venv/bin/torchrun --nproc_per_node=$(NPROC) rl_training/runners/sft_runner.py --cfg cfg/tiny_sft.yaml
 
-train: setup
+train: sft
 	.venv/bin/torchrun --nproc_per_node=$(NPROC) rl_training/runners/rl_runner.py --cfg $(CFG)
 
-bench: setup
+bench: sft
 	$(PY) scripts/bench.py --cfg $(CFG)
 
 tensorboard:

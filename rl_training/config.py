@@ -96,9 +96,7 @@ class RolloutCfg:
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
-    top_p: float = _f(
-        1.0, "Nucleus sampling mass; <1 makes rollout log-probs differ from the trainer's.", gt=0, le=1
-    )
+    top_p: float = _f(1.0, "Nucleus sampling mass; <1 makes rollout log-probs differ from the trainer's.", gt=0, le=1)
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
 
 
@@ -304,6 +302,13 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def _leaf_type(key: str) -> Any:
+    cls: Any = Config
+    for part in key.split("."):
+        cls = _field_types(cls)[part]
+    return cls
+
+
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     valid = all_keys()
     for ov in overrides:
@@ -312,8 +317,10 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
         key, raw = ov.split("=", 1)
         if key not in valid:
             raise _unknown(key, valid, "command line: ")
-        # YAML parsing gives overrides the same typing as the file (3 -> int, 1e-4 -> float, [a,b] -> list).
-        _set_dotted(tree, key, yaml.safe_load(raw) if raw != "" else "")
+        # YAML parsing gives overrides the same typing as the file (3 -> int, 1e-4 -> float, [a,b] -> list);
+        # string fields take the text verbatim ('Q: {question}' must not become a YAML mapping).
+        value = raw if _leaf_type(key) is str or raw == "" else yaml.safe_load(raw)
+        _set_dotted(tree, key, value)
     return tree
 
 

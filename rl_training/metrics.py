@@ -146,9 +146,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(
-                str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step else None
-            )
+            self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step else None)
         self._fh = self.jsonl.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

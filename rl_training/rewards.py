@@ -116,9 +116,7 @@ class Scores:
     invalid: int  # returned a non-finite or non-numeric value (scored 0)
 
 
-def score_completions(
-    task: Task, completions: Sequence[str], references: Sequence[str], timeout_s: float
-) -> Scores:
+def score_completions(task: Task, completions: Sequence[str], references: Sequence[str], timeout_s: float) -> Scores:
     rewards, correct, formatted = [], [], []
     errors = timeouts = invalid = 0
     for c, ref in zip(completions, references, strict=True):

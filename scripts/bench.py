@@ -26,8 +26,17 @@ def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str):
     from rl_training.config import load_config
     from rl_training.runners.rl_runner import setup
 
-    cfg = load_config(cfg_path, [*overrides, f"rollout.backend={backend}", f"run.output_dir={out_dir}",
-                                 f"run.name=bench_{backend}", "run.tensorboard=false", "run.progress_bar=false"])
+    cfg = load_config(
+        cfg_path,
+        [
+            *overrides,
+            f"rollout.backend={backend}",
+            f"run.output_dir={out_dir}",
+            f"run.name=bench_{backend}",
+            "run.tensorboard=false",
+            "run.progress_bar=false",
+        ],
+    )
     return setup(cfg, dist.init_distributed())
 
 
@@ -37,8 +46,11 @@ def summarize(rows: list[dict], run) -> dict:
     step = med["perf/step_s"]
     return {
         "step_s": step,
-        "generate_s": med["perf/generate_s"], "score_s": med["perf/score_s"], "train_s": med["perf/train_s"],
-        "sync_s": med["perf/sync_s"], "sync_frac": med["perf/sync_s"] / step,
+        "generate_s": med["perf/generate_s"],
+        "score_s": med["perf/score_s"],
+        "train_s": med["perf/train_s"],
+        "sync_s": med["perf/sync_s"],
+        "sync_frac": med["perf/sync_s"] / step,
         "completions_per_s": n_seq / step,
         "gen_tokens_per_s": med["perf/gen_tokens_per_s"],
         "tokens_per_s": med["perf/tokens_per_s"],
@@ -80,14 +92,20 @@ def main() -> int:
                     rows[b].append({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
         results = {b: summarize(rows[b], runs[b]) for b in backends}
     cfg = next(iter(runs.values())).cfg
-    print(f"\n{a.steps} measured steps per backend after {a.warmup} warm-up steps; "
-          f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} completions, "
-          f"{cfg.rollout.max_new_tokens} max new tokens, model {cfg.model.name_or_path} ({time.time() - t0:.0f} s)")
+    print(
+        f"\n{a.steps} measured steps per backend after {a.warmup} warm-up steps; "
+        f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} completions, "
+        f"{cfg.rollout.max_new_tokens} max new tokens, model {cfg.model.name_or_path} ({time.time() - t0:.0f} s)"
+    )
     print_table(results)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": a.cfg, "overrides": a.overrides, "steps": a.steps,
-                               "warmup": a.warmup, "results": results}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"config": a.cfg, "overrides": a.overrides, "steps": a.steps, "warmup": a.warmup, "results": results},
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

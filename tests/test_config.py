@@ -44,16 +44,12 @@ def test_derived_values():
 def test_unknown_key_names_nearest(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("loss:\n  kl_coeff: 0.1\n")  # the typo that disabled KL forever in the earlier codebase
-    with pytest.raises(
-        ConfigError, match=r"c.yaml: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"
-    ):
+    with pytest.raises(ConfigError, match=r"c.yaml: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"):
         load_config(p)
 
 
 def test_unknown_section_and_override():
-    with pytest.raises(
-        ConfigError, match="unknown config key 'trian.total_steps'; did you mean 'train.total_steps'"
-    ):
+    with pytest.raises(ConfigError, match="unknown config key 'trian.total_steps'; did you mean 'train.total_steps'"):
         load_config(None, ["trian.total_steps=3"])
     with pytest.raises(
         ConfigError, match="unknown config key 'rollout.max_tokens'; did you mean 'rollout.max_new_tokens'"
@@ -113,3 +109,8 @@ def test_reference_documents_every_key():
 def test_readme_config_reference_is_current():
     readme = (CFG_DIR.parent / "README.md").read_text()
     assert reference() in readme, "regenerate the README's config reference: python -m rl_training.config"
+
+
+def test_string_overrides_are_verbatim():
+    cfg = load_config(None, ["data.prompt_template=Q: {question}\nA:", "run.name=123"])
+    assert cfg.data.prompt_template == "Q: {question}\nA:" and cfg.run.name == "123"

@@ -65,6 +65,12 @@ def test_torchrun_three_steps_then_resume(run_overrides, tmp_path):
         assert (ck / name).exists(), name
     assert json.loads((ck / "trainer_state.json").read_text())["step"] == 3
     assert "total_steps: 3" in (run_dir / "config.yaml").read_text()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    text = acc.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "total_steps: 3" in text and "group_size: 4" in text  # the resolved config, in TensorBoard
     m = read_metrics(run_dir)[-1]
     for key in (
         "rollout/reward_mean",

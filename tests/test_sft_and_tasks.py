@@ -19,9 +19,19 @@ def test_lora_sft_writes_a_merged_model_the_rl_runner_starts_from(tiny_model, re
     from transformers import AutoModelForCausalLM
 
     data = [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
-    rc = sft_runner.main(["--cfg", SFT_CFG, f"model.name_or_path={tiny_model}", *data,
-                          f"run.output_dir={tmp_path}", "run.name=lora_sft", "sft.steps=5", "sft.full_finetune=false",
-                          "sft.lr=1e-2"])
+    rc = sft_runner.main(
+        [
+            "--cfg",
+            SFT_CFG,
+            f"model.name_or_path={tiny_model}",
+            *data,
+            f"run.output_dir={tmp_path}",
+            "run.name=lora_sft",
+            "sft.steps=5",
+            "sft.full_finetune=false",
+            "sft.lr=1e-2",
+        ]
+    )
     assert rc == 0
     final = tmp_path / "lora_sft" / "final_model"
     assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
@@ -31,22 +41,46 @@ def test_lora_sft_writes_a_merged_model_the_rl_runner_starts_from(tiny_model, re
     ids = torch.tensor([[70, 71, 72, 63]])
     with torch.no_grad():
         assert (merged(input_ids=ids).logits - base(input_ids=ids).logits).abs().max() > 1e-4
-    sft_losses = [json.loads(x)["sft/loss"] for x in (tmp_path / "lora_sft" / "metrics.jsonl").read_text().split()]
+    lines = (tmp_path / "lora_sft" / "metrics.jsonl").read_text().splitlines()
+    sft_losses = [json.loads(x)["sft/loss"] for x in lines]
     assert len(sft_losses) == 5 and sft_losses[-1] < sft_losses[0]
-    assert rl_runner.main(["--cfg", TESTCFG, f"model.name_or_path={final}", *data,
-                           f"run.output_dir={tmp_path}", "train.total_steps=1"]) == 0
+    assert (
+        rl_runner.main(
+            [
+                "--cfg",
+                TESTCFG,
+                f"model.name_or_path={final}",
+                *data,
+                f"run.output_dir={tmp_path}",
+                "train.total_steps=1",
+            ]
+        )
+        == 0
+    )
 
 
 def test_gsm8k_format_end_to_end(warm_model, tmp_path):
     # GSM8K-format records graded by math-verify; the tiny model writes nonsense, so rewards are 0 but
     # every stage (prompt template, generation, grading, logging) must run and log finite values.
-    rows = [{"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b:,}"}
-            for a, b in [(1, 2), (30, 40), (500, 700), (1200, 34)]]
+    rows = [
+        {"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b:,}"}
+        for a, b in [(1, 2), (30, 40), (500, 700), (1200, 34)]
+    ]
     path = tmp_path / "gsm8k.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc = rl_runner.main(["--cfg", TESTCFG, f"model.name_or_path={warm_model}", "data.format=gsm8k",
-                         f"data.train={path}", f"data.eval={path}", "data.prompt_template=Q: {question}\nA:",
-                         f"run.output_dir={tmp_path}", "train.total_steps=1"])
+    rc = rl_runner.main(
+        [
+            "--cfg",
+            TESTCFG,
+            f"model.name_or_path={warm_model}",
+            "data.format=gsm8k",
+            f"data.train={path}",
+            f"data.eval={path}",
+            "data.prompt_template=Q: {question}\nA:",
+            f"run.output_dir={tmp_path}",
+            "train.total_steps=1",
+        ]
+    )
     assert rc == 0
     m = json.loads((tmp_path / "testconfig" / "metrics.jsonl").read_text().splitlines()[0])
     assert m["rollout/reward_mean"] == 0.0 and m["rollout/reward_fn_errors"] == 0
@@ -55,8 +89,7 @@ def test_gsm8k_format_end_to_end(warm_model, tmp_path):
 def test_offline_hub_id_without_cache_is_one_line_error(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf_home"))
-    rc = rl_runner.main(["--cfg", TESTCFG, "model.name_or_path=Qwen/NotCachedHere-0.5B",
-                         f"run.output_dir={tmp_path}"])
+    rc = rl_runner.main(["--cfg", TESTCFG, "model.name_or_path=Qwen/NotCachedHere-0.5B", f"run.output_dir={tmp_path}"])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
@@ -64,12 +97,17 @@ def test_offline_hub_id_without_cache_is_one_line_error(monkeypatch, tmp_path, c
     assert "hub offline=1" in err[0]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("rollout.prompts_per_step=3", "not divisible by train.micro_batch_groups=2"),
-    ("data.train=/no/such.jsonl", "data file not found: /no/such.jsonl"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.prompts_per_step=3", "not divisible by train.micro_batch_groups=2"),
+        ("data.train=/no/such.jsonl", "data file not found: /no/such.jsonl"),
+    ],
+)
 def test_runner_input_errors(warm_model, tmp_path, capsys, override, message):
-    assert rl_runner.main(["--cfg", TESTCFG, f"model.name_or_path={warm_model}", f"run.output_dir={tmp_path}",
-                           override]) == 2
+    assert (
+        rl_runner.main(["--cfg", TESTCFG, f"model.name_or_path={warm_model}", f"run.output_dir={tmp_path}", override])
+        == 2
+    )
     assert message in capsys.readouterr().err
     assert not (tmp_path / "testconfig" / "checkpoints").exists()

@@ -73,8 +73,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
         print(
-            f"# resolved config (world size {info.world_size}, {d.accum_steps} micro-batches/step)\n"
-            f"{to_yaml(cfg)}",
+            f"# resolved config (world size {info.world_size}, {d.accum_steps} micro-batches/step)\n{to_yaml(cfg)}",
             flush=True,
         )
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
