@@ -44,7 +44,7 @@ tensorboard:
 	.venv/bin/tensorboard --logdir runs --bind_all
 
 config-ref:
-	$(PY) -m rl_training.config
+	$(PY) -m rl_training.config --update-readme README.md
 
 clean:
 	rm -rf runs bench_results .pytest_cache .ruff_cache

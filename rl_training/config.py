@@ -91,13 +91,32 @@ class RewardCfg:
 
 @dataclass
 class RolloutCfg:
-    backend: Literal["hf", "vllm"] = _f("hf", "Generation backend: hf (transformers generate) or vllm.")
+    backend: Literal["auto", "hf", "vllm"] = _f(
+        "auto", "Generation backend: vllm (colocated engine), hf (transformers generate), auto = vllm if installed."
+    )
     prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
     top_p: float = _f(1.0, "Nucleus sampling mass; <1 makes rollout log-probs differ from the trainer's.", gt=0, le=1)
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
+
+
+@dataclass
+class VllmCfg:
+    memory_fraction: float = _f(
+        0.15,
+        "gpu_memory_utilization per rank: share of GPU memory (CPU: of RAM) vLLM reserves for weights + KV cache.",
+        gt=0,
+        le=1,
+    )
+    max_model_len: int = _f(
+        0, "Longest prompt + completion; 0 = data.max_prompt_tokens + rollout.max_new_tokens.", ge=0
+    )
+    kv_cache_gb: float = _f(0.0, "KV cache size in GiB per rank; 0 = derive it from memory_fraction. Set it on CPU: "
+                            "there the fraction is charged with the whole process's RSS, trainer included.", ge=0)
+    enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
+    sleep: bool = _f(True, "Sleep (level 1) while the trainer runs, on CUDA; the engine stays awake on CPU.")
 
 
 @dataclass
@@ -115,6 +134,9 @@ class LossCfg:
     clip_low: float = _f(0.2, "PPO ratio clip below: 1 - clip_low.", ge=0, le=1)
     clip_high: float = _f(0.2, "PPO ratio clip above: 1 + clip_high.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the k3 KL penalty to the adapter-disabled reference.", ge=0)
+    tis_cap: float = _f(
+        0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
+    )
 
 
 @dataclass
@@ -160,6 +182,7 @@ class Config:
     data: DataCfg = field(default_factory=DataCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
     rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    vllm: VllmCfg = field(default_factory=VllmCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
     loss: LossCfg = field(default_factory=LossCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
@@ -381,5 +404,17 @@ def reference(cls: type = Config, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def update_readme(path: str | os.PathLike) -> None:
+    """Replace everything from the reference table's header to the end of `path` with the current table."""
+    text = Path(path).read_text()
+    head = text[: text.index("| key | type | default | meaning |")]
+    Path(path).write_text(head + reference() + "\n")
+
+
 if __name__ == "__main__":
-    print(reference())
+    import sys
+
+    if sys.argv[1:2] == ["--update-readme"]:
+        update_readme(sys.argv[2] if len(sys.argv) > 2 else "README.md")
+    else:
+        print(reference())

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+_OWN_GROUP = False
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -35,8 +37,10 @@ def init_distributed() -> DistInfo:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    global _OWN_GROUP
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        _OWN_GROUP = True
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
@@ -115,5 +119,9 @@ def print0(*args, **kwargs) -> None:
 
 
 def cleanup() -> None:
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the process group if this module created it (vLLM creates and tears down its own in a world
+    of one; destroying that one here would break vLLM's exit handler)."""
+    global _OWN_GROUP
+    if _OWN_GROUP and dist.is_initialized():
         dist.destroy_process_group()
+    _OWN_GROUP = False

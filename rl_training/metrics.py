@@ -77,6 +77,8 @@ def step_metrics(
             "entropy": stats.entropy_sum,
             "logp_diff": stats.logp_absdiff_sum,
             "grad_norm": stats.grad_norm,
+            "is_ratio": stats.is_ratio_sum,
+            "is_trunc": stats.is_truncated,
         },
         device,
     )
@@ -84,6 +86,7 @@ def step_metrics(
         {
             "len_max": max(lengths),
             "logp_diff_max": stats.logp_absdiff_max,
+            "is_ratio_max": stats.is_ratio_max,
             **{f"t_{k}": v for k, v in timer.seconds.items()},
             **peak_memory(),
         },
@@ -106,6 +109,9 @@ def step_metrics(
         "rollout/reward_fn_timeouts": sums["timeouts"],
         "rollout/logp_diff_mean": sums["logp_diff"] / tok,
         "rollout/logp_diff_max": maxes["logp_diff_max"],
+        "is/ratio_mean": sums["is_ratio"] / tok,  # rho = pi_train / pi_rollout on sampled tokens
+        "is/ratio_max": maxes["is_ratio_max"],
+        "is/trunc_frac": sums["is_trunc"] / tok,
         # DDP semantics: the step loss is the mean of the ranks' losses (each already / its normaliser).
         "train/loss": sums["loss"] / world / stats.epochs,
         "train/pg_loss": sums["pg_loss"] / world / stats.epochs,

@@ -8,6 +8,7 @@ no second copy of the weights exists. The optimizer sees trainable parameters on
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -112,3 +113,28 @@ def assert_only_adapter_trainable(model) -> None:
         raise RuntimeError(f"exactly the LoRA parameters must require grad; wrong for: {wrong[:5]}")
     if not any(p.requires_grad for p in model.parameters()):
         raise RuntimeError("no trainable LoRA parameters: check lora.target_modules")
+
+
+def merged_hf_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's current weights in the base model's HF names, each LoRA delta merged in (lazily).
+
+    `model` is the peft model; nothing is modified. Tied weights appear once (as the HF state dict would
+    list them for loading). Used to push the trained policy into a rollout engine.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    adapter = model.active_adapter
+    lora_modules = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, p in base.named_parameters():
+        if "lora_" in name:
+            continue
+        if ".base_layer." not in name:
+            yield name, p.detach()
+            continue
+        module_name, leaf = name.split(".base_layer.")
+        layer = lora_modules[module_name]
+        w = p.detach()
+        if leaf == "weight" and adapter in layer.lora_A and not layer.disable_adapters:
+            w = w + layer.get_delta_weight(adapter).to(w.dtype)
+        yield f"{module_name}.{leaf}", w

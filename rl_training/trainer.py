@@ -80,87 +80,123 @@ def forward_logits(model, mb: MicroBatch) -> torch.Tensor:
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[:, :-1]
 
 
+@dataclass(frozen=True)
+class UpdateHParams:
+    """Everything one update needs besides the data; built once at setup from the config."""
+
+    normalizer: float  # Dr-GRPO constant: sequences in the step (per rank) x max_new_tokens
+    inner_epochs: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    log_kl: bool = True  # compute the reference forward to log KL even when kl_coef == 0
+    temperature: float = 1.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    tis_cap: float = 0.0  # truncated importance sampling cap; 0 = off
+
+    @classmethod
+    def from_config(cls, cfg, normalizer: float) -> UpdateHParams:
+        return cls(
+            normalizer=normalizer,
+            inner_epochs=cfg.train.inner_epochs,
+            clip_low=cfg.loss.clip_low,
+            clip_high=cfg.loss.clip_high,
+            kl_coef=cfg.loss.kl_coef,
+            temperature=cfg.rollout.temperature,
+            max_grad_norm=cfg.optim.max_grad_norm,
+            tis_cap=cfg.loss.tis_cap,
+        )
+
+
 @dataclass
 class TrainStats:
     """Sums over this rank's micro-batches and epochs (the caller reduces across ranks)."""
 
-    loss: float  # sum over epochs of the step loss (Dr-GRPO: already / normalizer)
-    pg_loss: float
-    kl_sum: float  # token sum of k3 KL to the reference, epoch 0
-    clipped_tokens: float  # summed over epochs
-    tokens: float  # valid tokens in one epoch
-    entropy_sum: float  # token sum of policy entropy, epoch 0
-    logp_absdiff_sum: float  # token sum of |trainer - sampler| log-prob, epoch 0
-    logp_absdiff_max: float
-    grad_norm: float  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
-    epochs: int
+    loss: float = 0.0  # sum over epochs of the step loss (Dr-GRPO: already / normalizer)
+    pg_loss: float = 0.0
+    kl_sum: float = 0.0  # token sum of k3 KL to the reference, epoch 0
+    clipped_tokens: float = 0.0  # summed over epochs
+    tokens: float = 0.0  # valid tokens in one epoch
+    entropy_sum: float = 0.0  # token sum of policy entropy, epoch 0
+    logp_absdiff_sum: float = 0.0  # token sum of |trainer - sampler| log-prob, epoch 0
+    logp_absdiff_max: float = 0.0
+    is_ratio_sum: float = 0.0  # token sum of rho = pi_train / pi_rollout, epoch 0
+    is_ratio_max: float = 0.0
+    is_truncated: float = 0.0  # tokens with rho > tis_cap (0 when TIS is off)
+    grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
+    epochs: int = 0
+
+
+def _rollout_canary(stats: TrainStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
+    """Trainer-vs-sampler log-prob gap and importance ratios on valid tokens; returns TIS weights or None."""
+    m = mb.mask.bool()
+    log_rho = (logp - mb.rollout_logp)[m]
+    if log_rho.numel():
+        stats.logp_absdiff_sum += log_rho.abs().sum().item()
+        stats.logp_absdiff_max = max(stats.logp_absdiff_max, log_rho.abs().max().item())
+        rho = log_rho.exp()
+        stats.is_ratio_sum += rho.sum().item()
+        stats.is_ratio_max = max(stats.is_ratio_max, rho.max().item())
+        if tis_cap > 0:
+            stats.is_truncated += (rho > tis_cap).sum().item()
+    if tis_cap <= 0:
+        return None
+    return torch.clamp(torch.exp(logp - mb.rollout_logp), max=tis_cap) * mb.mask
+
+
+@torch.no_grad()
+def reference_logprobs(model, micro_batches: list[MicroBatch], temperature: float, needed: bool):
+    """Log-probs under the reference policy = the same model with the adapter disabled (no second copy).
+    One disable/enable for all micro-batches: peft's context manager walks the whole model each time."""
+    if not needed:
+        return [None] * len(micro_batches)
+    with model.disable_adapter():
+        return [token_logprobs(forward_logits(model, mb), mb.targets, temperature) for mb in micro_batches]
 
 
 def train_on_rollouts(
-    model,
-    optimizer,
-    scheduler,
-    params: list[torch.nn.Parameter],
-    micro_batches: list[MicroBatch],
-    *,
-    normalizer: float,
-    inner_epochs: int,
-    clip_low: float,
-    clip_high: float,
-    kl_coef: float,
-    log_kl: bool,
-    temperature: float,
-    max_grad_norm: float,
+    model, optimizer, scheduler, params: list[torch.nn.Parameter], micro_batches: list[MicroBatch], hp: UpdateHParams
 ) -> TrainStats:
     # Eval mode: no dropout anywhere, so epoch-0 log-probs equal a separate no-grad "old" pass.
     model.eval()
     old_logps: list[torch.Tensor] = []
-    ref_logps: list[torch.Tensor | None] = []
-    s = dict(
-        loss=0.0,
-        pg_loss=0.0,
-        kl_sum=0.0,
-        clipped_tokens=0.0,
-        tokens=0.0,
-        entropy_sum=0.0,
-        logp_absdiff_sum=0.0,
-        logp_absdiff_max=0.0,
-        grad_norm=0.0,
-    )
-    for epoch in range(inner_epochs):
+    is_weights: list[torch.Tensor | None] = []
+    ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
+    s = TrainStats(epochs=hp.inner_epochs)
+    for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
-            if epoch == 0 and (kl_coef > 0 or log_kl):
-                with torch.no_grad(), model.disable_adapter():
-                    ref_logps.append(token_logprobs(forward_logits(model, mb), mb.targets, temperature))
-            elif epoch == 0:
-                ref_logps.append(None)
             logits = forward_logits(model, mb)
-            logp = token_logprobs(logits, mb.targets, temperature)
+            logp = token_logprobs(logits, mb.targets, hp.temperature)
             if epoch == 0:
                 old_logps.append(logp.detach())
-                m = mb.mask.bool()
-                diff = (logp.detach() - mb.rollout_logp).abs()[m]
-                s["logp_absdiff_sum"] += diff.sum().item()
-                s["logp_absdiff_max"] = max(s["logp_absdiff_max"], diff.max().item() if diff.numel() else 0.0)
-                s["entropy_sum"] += token_entropy(logits.detach(), temperature)[m].sum().item()
+                is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
+                s.entropy_sum += token_entropy(logits.detach(), hp.temperature)[mb.mask.bool()].sum().item()
             out = dr_grpo_loss(
-                logp, old_logps[i], mb.advantages, mb.mask, normalizer, clip_low, clip_high, ref_logps[i], kl_coef
+                logp,
+                old_logps[i],
+                mb.advantages,
+                mb.mask,
+                hp.normalizer,
+                hp.clip_low,
+                hp.clip_high,
+                ref_logps[i],
+                hp.kl_coef,
+                is_weights[i],
             )
             out.loss.backward()
-            s["loss"] += out.loss.item()
-            s["pg_loss"] += out.pg_loss.item()
-            s["clipped_tokens"] += out.clipped_tokens.item()
+            s.loss += out.loss.item()
+            s.pg_loss += out.pg_loss.item()
+            s.clipped_tokens += out.clipped_tokens.item()
             if epoch == 0:
-                s["kl_sum"] += out.kl_sum.item()
-                s["tokens"] += out.tokens.item()
+                s.kl_sum += out.kl_sum.item()
+                s.tokens += out.tokens.item()
         for p in params:  # a rank whose groups were all dropped still joins the all-reduce
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         dist.average_gradients_(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
-        s["grad_norm"] += norm.item()
+        norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
+        s.grad_norm += norm.item() / hp.inner_epochs
         optimizer.step()
         scheduler.step()
-    s["grad_norm"] /= inner_epochs
-    return TrainStats(**s, epochs=inner_epochs)
+    return s

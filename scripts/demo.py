@@ -33,7 +33,7 @@ def torchrun(script: str, cfg: str, overrides: list[str]) -> None:
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=1",
-            "--master_port=0",
+            "--standalone",
             f"rl_training/runners/{script}",
             "--cfg",
             cfg,
@@ -86,6 +86,7 @@ def main() -> int:
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rl_training.config import load_config
+    from rl_training.rollout.base import resolve_backend_name
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")
@@ -100,6 +101,7 @@ def main() -> int:
     t_sft = time.time()
     rl_over = [f"run.name=demo_{stamp}_rl", f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
     rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
+    rl_cfg.rollout.backend = resolve_backend_name(rl_cfg.rollout.backend)  # what the runner will use
     torchrun("rl_runner.py", a.rl_cfg, rl_over)
     t_rl = time.time()
 

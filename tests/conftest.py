@@ -58,8 +58,4 @@ def warm_model(tiny_model, reverse_data, tmp_path_factory) -> Path:
 @pytest.fixture
 def run_overrides(warm_model, reverse_data, tmp_path) -> list[str]:
     """Overrides that point cfg/testconfig.yaml at the warm model, the test data and a fresh output dir."""
-    return [
-        f"model.name_or_path={warm_model}",
-        *data_overrides(reverse_data),
-        f"run.output_dir={tmp_path / 'runs'}",
-    ]
+    return [f"model.name_or_path={warm_model}", *data_overrides(reverse_data), f"run.output_dir={tmp_path / 'runs'}"]

@@ -64,7 +64,7 @@ def test_unknown_section_and_override():
         ("train.total_steps=1.5", "train.total_steps must be an integer"),
         ("train.total_steps=0", "train.total_steps=0 must be >= 1"),
         ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
-        ("rollout.backend=tgi", "rollout.backend='tgi' is not one of 'hf', 'vllm'"),
+        ("rollout.backend=tgi", "rollout.backend='tgi' is not one of 'auto', 'hf', 'vllm'"),
         ("run.tensorboard=yes please", "run.tensorboard must be true or false"),
         ("lora.target_modules=q_proj", "lora.target_modules must be a list"),
         ("ckpt.resume=/no/such/ckpt", "ckpt.resume='/no/such/ckpt': no such checkpoint directory"),
@@ -108,7 +108,7 @@ def test_reference_documents_every_key():
 
 def test_readme_config_reference_is_current():
     readme = (CFG_DIR.parent / "README.md").read_text()
-    assert reference() in readme, "regenerate the README's config reference: python -m rl_training.config"
+    assert reference() in readme, "regenerate it: python -m rl_training.config --update-readme"
 
 
 def test_string_overrides_are_verbatim():

@@ -42,11 +42,7 @@ def test_parquet_source(tmp_path):
 @pytest.mark.parametrize(
     "rows, fmt, message",
     [
-        (
-            ['{"question": "a", "answer": "b"}', '{"question": "a", "answer": '],
-            "reverse",
-            r"\.jsonl:2: invalid JSON",
-        ),
+        (['{"question": "a", "answer": "b"}', '{"question": "a", "answer": '], "reverse", r"\.jsonl:2: invalid JSON"),
         ([{"question": "a"}], "reverse", r"\.jsonl:1: missing key 'answer'"),
         (
             [{"question": "a", "answer": "#### 4"}, {"question": "q", "answer": "no final"}],

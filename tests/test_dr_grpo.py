@@ -51,11 +51,7 @@ def test_loss_gradient_hand_value():
     # One token, A = 2, ratio 1 (on-policy): loss = -exp(lp - old)*A / N -> d/d lp = -A/N = -2/10.
     lp = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
     out = dr_grpo_loss(
-        lp,
-        lp.detach(),
-        torch.tensor([2.0], dtype=torch.float64),
-        torch.ones(1, 1, dtype=torch.float64),
-        normalizer=10,
+        lp, lp.detach(), torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64), normalizer=10
     )
     out.loss.backward()
     assert lp.grad.item() == pytest.approx(-0.2, abs=1e-15)

@@ -35,7 +35,7 @@ def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         "-m",
         "torch.distributed.run",
         "--nproc_per_node=1",
-        "--master_port=0",
+        "--standalone",
         str(REPO / "rl_training" / "runners" / "rl_runner.py"),
         *args,
     ]

@@ -9,7 +9,7 @@ import torch
 from rl_training.config import LoraCfg
 from rl_training.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import make_micro_batches, train_on_rollouts
+from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
 
 G = 2
 
@@ -46,31 +46,9 @@ def grads_after(model, rollouts, adv, groups_per_micro, *, extra_pad=0, kl_coef=
     params = trainable_parameters(model)
     opt = torch.optim.SGD(params, lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    mbs = make_micro_batches(
-        rollouts,
-        adv,
-        G,
-        groups_per_micro,
-        pad_id=0,
-        device=torch.device("cpu"),
-        drop_zero_adv_groups=drop,
-        extra_pad=extra_pad,
-    )
-    stats = train_on_rollouts(
-        model,
-        opt,
-        sched,
-        params,
-        mbs,
-        normalizer=len(rollouts) * 8,
-        inner_epochs=epochs,
-        clip_low=0.2,
-        clip_high=0.2,
-        kl_coef=kl_coef,
-        log_kl=True,
-        temperature=1.0,
-        max_grad_norm=0.0,
-    )
+    mbs = make_micro_batches(rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad)
+    hp = UpdateHParams(normalizer=len(rollouts) * 8, inner_epochs=epochs, kl_coef=kl_coef, max_grad_norm=0.0)
+    stats = train_on_rollouts(model, opt, sched, params, mbs, hp)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
 
 

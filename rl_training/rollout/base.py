@@ -31,6 +31,7 @@ class SamplingSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
+    seed: int | None = None  # per-call sampling seed (prompt i uses seed + i) where the backend supports it
 
 
 class RolloutBackend(Protocol):
@@ -46,6 +47,12 @@ class RolloutBackend(Protocol):
 
     def wake(self) -> None: ...
 
+    def metrics(self) -> dict[str, float]:
+        """Backend-specific values to log each step (weight version, memory freed by sleep)."""
+
+    def close(self) -> None:
+        """Release the engine; called once after the run's last collective."""
+
 
 def split_completion(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
     """Cut a generated row at its first stop token (kept). Returns (tokens, truncated).
@@ -59,9 +66,21 @@ def split_completion(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], 
     return tokens, True
 
 
-def build_backend(cfg, model, tokenizer, dist_info) -> RolloutBackend:
-    if cfg.rollout.backend == "hf":
-        from rl_training.rollout.hf import HFBackend
+def resolve_backend_name(name: str) -> str:
+    """'auto' -> 'vllm' where vLLM is installed, else 'hf'."""
+    if name != "auto":
+        return name
+    from rl_training.rollout.vllm_engine import vllm_available
 
-        return HFBackend(model, tokenizer, cfg.rollout.gen_batch_size)
-    raise NotImplementedError("rollout.backend='vllm' is not available yet (issue 3); use 'hf'")
+    return "vllm" if vllm_available() else "hf"
+
+
+def build_backend(cfg, model, tokenizer, dist_info) -> RolloutBackend:
+    """Chosen once at setup from rollout.backend (already resolved from 'auto')."""
+    if cfg.rollout.backend == "vllm":
+        from rl_training.rollout.vllm_engine import VLLMBackend
+
+        return VLLMBackend(cfg, model, tokenizer, dist_info)
+    from rl_training.rollout.hf import HFBackend
+
+    return HFBackend(model, tokenizer, cfg.rollout.gen_batch_size)

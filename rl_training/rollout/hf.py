@@ -83,3 +83,9 @@ class HFBackend:
 
     def wake(self) -> None:
         pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rl_training import dist
@@ -27,9 +28,9 @@ from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.rewards import TASKS, Task, score_completions
-from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend
+from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
-from rl_training.trainer import make_micro_batches, train_on_rollouts
+from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
 
 
 @dataclass
@@ -48,10 +49,12 @@ class Run:
     prompts: list[list[int]]
     sampler: PromptSampler
     logger: MetricsLogger
+    hp: UpdateHParams
     start_step: int
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
+    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
     d = derive(cfg, info.world_size)
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir)
@@ -78,6 +81,8 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         )
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
+    hp = UpdateHParams.from_config(cfg, d.loss_normalizer)
+    task = TASKS[cfg.data.format]
     return Run(
         cfg,
         d,
@@ -88,11 +93,12 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         optimizer,
         scheduler,
         backend,
-        TASKS[cfg.data.format],
+        task,
         examples,
         prompts,
         sampler,
         logger,
+        hp,
         start_step,
     )
 
@@ -106,6 +112,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
+        seed=sampling_seed(cfg.train.seed, run.info.rank, step),
     )
     with timer("generate"):
         rollouts = run.backend.generate([run.prompts[i] for i in idx], spec)
@@ -124,24 +131,16 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             cfg.train.drop_zero_adv_groups,
         )
         lr = run.scheduler.get_last_lr()[0]
-        stats = train_on_rollouts(
-            run.model,
-            run.optimizer,
-            run.scheduler,
-            run.params,
-            micro,
-            normalizer=run.d.loss_normalizer,
-            inner_epochs=cfg.train.inner_epochs,
-            clip_low=cfg.loss.clip_low,
-            clip_high=cfg.loss.clip_high,
-            kl_coef=cfg.loss.kl_coef,
-            log_kl=True,
-            temperature=cfg.rollout.temperature,
-            max_grad_norm=cfg.optim.max_grad_norm,
-        )
+        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp)
     with timer("sync"):
         run.backend.sync_weights(run.model)
-    return step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    return {**metrics, **run.backend.metrics()}
+
+
+def sampling_seed(seed: int, rank: int, step: int) -> int:
+    """A sampling seed that is a pure function of (seed, rank, step), so a resumed run samples the same."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0] % 2**31)
 
 
 def checkpoint(run: Run, step: int) -> None:
@@ -182,11 +181,14 @@ def train(run: Run) -> None:
 
 def rl(cfg: Config, info: dist.DistInfo) -> None:
     run = setup(cfg, info)
-    if run.start_step >= cfg.train.total_steps:
-        dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={cfg.train.total_steps}")
-    else:
-        train(run)
-    run.logger.close()
+    try:
+        if run.start_step >= cfg.train.total_steps:
+            dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={cfg.train.total_steps}")
+        else:
+            train(run)
+    finally:
+        run.logger.close()
+        run.backend.close()
 
 
 def main(argv=None) -> int:
