@@ -67,7 +67,8 @@ def print_table(results: dict[str, dict]) -> None:
         print(f"{k:<22}" + "".join(f"{results[c][k]:>14.4g}" for c in cols))
     if len(cols) == 2:
         a, b = cols
-        print(f"{'step speed-up':<22}{results[b]['step_s'] / results[a]['step_s']:>14.3g}  ({a} vs {b})")
+        speedup = results[a]["step_s"] / results[b]["step_s"]
+        print(f"{b} step speed-up over {a}: {speedup:.2f}x ({a} step time / {b} step time)")
 
 
 def main() -> int:

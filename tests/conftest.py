@@ -59,3 +59,15 @@ def warm_model(tiny_model, reverse_data, tmp_path_factory) -> Path:
 def run_overrides(warm_model, reverse_data, tmp_path) -> list[str]:
     """Overrides that point cfg/testconfig.yaml at the warm model, the test data and a fresh output dir."""
     return [f"model.name_or_path={warm_model}", *data_overrides(reverse_data), f"run.output_dir={tmp_path / 'runs'}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA; on CPU machines (development, CI) they are collected and skipped."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -167,6 +167,7 @@ def train(run: Run) -> None:
         desc="rl",
         dynamic_ncols=True,
         disable=not (run.info.is_main and run.cfg.run.progress_bar),
+        mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s, not every step
     )
     every = run.cfg.ckpt.every
     for step in range(run.start_step, total):
