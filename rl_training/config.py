@@ -113,8 +113,12 @@ class VllmCfg:
     max_model_len: int = _f(
         0, "Longest prompt + completion; 0 = data.max_prompt_tokens + rollout.max_new_tokens.", ge=0
     )
-    kv_cache_gb: float = _f(0.0, "KV cache size in GiB per rank; 0 = derive it from memory_fraction. Set it on CPU: "
-                            "there the fraction is charged with the whole process's RSS, trainer included.", ge=0)
+    kv_cache_gb: float = _f(
+        0.0,
+        "KV cache size in GiB per rank; 0 = derive it from memory_fraction. Set it on CPU: "
+        "there the fraction is charged with the whole process's RSS, trainer included.",
+        ge=0,
+    )
     enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
     sleep: bool = _f(True, "Sleep (level 1) while the trainer runs, on CUDA; the engine stays awake on CPU.")
 
@@ -130,10 +134,15 @@ class TrainCfg:
 
 @dataclass
 class LossCfg:
-    type: Literal["dr_grpo"] = _f("dr_grpo", "Policy-gradient objective.")
-    clip_low: float = _f(0.2, "PPO ratio clip below: 1 - clip_low.", ge=0, le=1)
-    clip_high: float = _f(0.2, "PPO ratio clip above: 1 + clip_high.", ge=0)
-    kl_coef: float = _f(0.0, "Coefficient of the k3 KL penalty to the adapter-disabled reference.", ge=0)
+    type: Literal["dr_grpo", "grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"] = _f(
+        "dr_grpo", "Policy-gradient objective (see README, 'Objectives')."
+    )
+    clip_low: float | None = _f(
+        None, "Ratio clip below, 1 - clip_low; unset = the objective's paper value.", ge=0, le=1
+    )
+    clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
+    kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
+    kl_estimator: Literal["k1", "k3"] = _f("k3", "Per-token KL estimate: k1 = log(pi/ref), k3 = Schulman's k3.")
     tis_cap: float = _f(
         0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
     )

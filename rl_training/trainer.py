@@ -9,12 +9,22 @@ only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import dr_grpo_loss, token_entropy, token_logprobs
+from rl_training.algs.dr_grpo import token_entropy, token_logprobs
+from rl_training.algs.objectives import (
+    KL_ESTIMATORS,
+    OBJECTIVES,
+    Objective,
+    StepNorm,
+    batch_moments,
+    batch_std_scale,
+    policy_loss,
+)
 from rl_training.rollout.base import Rollouts
 
 
@@ -84,28 +94,55 @@ def forward_logits(model, mb: MicroBatch) -> torch.Tensor:
 class UpdateHParams:
     """Everything one update needs besides the data; built once at setup from the config."""
 
-    normalizer: float  # Dr-GRPO constant: sequences in the step (per rank) x max_new_tokens
+    objective: Objective = OBJECTIVES["dr_grpo"]
     inner_epochs: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
+    kl_estimator: Callable = KL_ESTIMATORS["k3"]
     log_kl: bool = True  # compute the reference forward to log KL even when kl_coef == 0
     temperature: float = 1.0
     max_grad_norm: float = 1.0  # 0 = no clipping
     tis_cap: float = 0.0  # truncated importance sampling cap; 0 = off
 
     @classmethod
-    def from_config(cls, cfg, normalizer: float) -> UpdateHParams:
+    def from_config(cls, cfg) -> UpdateHParams:
+        """cfg.loss.clip_low/high must already be resolved (see resolve_objective)."""
         return cls(
-            normalizer=normalizer,
+            objective=OBJECTIVES[cfg.loss.type],
             inner_epochs=cfg.train.inner_epochs,
             clip_low=cfg.loss.clip_low,
             clip_high=cfg.loss.clip_high,
             kl_coef=cfg.loss.kl_coef,
+            kl_estimator=KL_ESTIMATORS[cfg.loss.kl_estimator],
             temperature=cfg.rollout.temperature,
             max_grad_norm=cfg.optim.max_grad_norm,
             tis_cap=cfg.loss.tis_cap,
         )
+
+
+def resolve_objective(cfg) -> Objective:
+    """The objective of loss.type; unset clip bounds take its paper values (written back so they are logged)."""
+    objective = OBJECTIVES[cfg.loss.type]
+    if cfg.loss.clip_low is None:
+        cfg.loss.clip_low = objective.clip_low
+    if cfg.loss.clip_high is None:
+        cfg.loss.clip_high = objective.clip_high
+    return objective
+
+
+def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int, device: torch.device) -> torch.Tensor:
+    """The objective's advantages; a batch-std scale (REINFORCE++) uses moments summed over all ranks."""
+    centered = objective.baseline(rewards, group_size)
+    if objective.needs_batch_moments:
+        return batch_std_scale(centered, dist.reduce_sums(batch_moments(centered), device))
+    return objective.scale(centered, group_size)
+
+
+def step_norm(rollouts: Rollouts, seqs_per_rank: int, max_new_tokens: int, device: torch.device) -> StepNorm:
+    """This step's normalisers; the token count is global (all ranks, zero-advantage groups included)."""
+    tokens = dist.reduce_sums({"t": sum(len(c) for c in rollouts.completion_ids)}, device)["t"]
+    return StepNorm(seqs=seqs_per_rank, tokens=max(tokens / dist.world_size(), 1.0), max_new_tokens=max_new_tokens)
 
 
 @dataclass
@@ -155,7 +192,13 @@ def reference_logprobs(model, micro_batches: list[MicroBatch], temperature: floa
 
 
 def train_on_rollouts(
-    model, optimizer, scheduler, params: list[torch.nn.Parameter], micro_batches: list[MicroBatch], hp: UpdateHParams
+    model,
+    optimizer,
+    scheduler,
+    params: list[torch.nn.Parameter],
+    micro_batches: list[MicroBatch],
+    hp: UpdateHParams,
+    norm: StepNorm,
 ) -> TrainStats:
     # Eval mode: no dropout anywhere, so epoch-0 log-probs equal a separate no-grad "old" pass.
     model.eval()
@@ -172,16 +215,18 @@ def train_on_rollouts(
                 old_logps.append(logp.detach())
                 is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
                 s.entropy_sum += token_entropy(logits.detach(), hp.temperature)[mb.mask.bool()].sum().item()
-            out = dr_grpo_loss(
+            out = policy_loss(
+                hp.objective,
                 logp,
                 old_logps[i],
                 mb.advantages,
                 mb.mask,
-                hp.normalizer,
+                norm,
                 hp.clip_low,
                 hp.clip_high,
                 ref_logps[i],
                 hp.kl_coef,
+                hp.kl_estimator,
                 is_weights[i],
             )
             out.loss.backward()
@@ -195,8 +240,8 @@ def train_on_rollouts(
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         dist.average_gradients_(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
-        s.grad_norm += norm.item() / hp.inner_epochs
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
+        s.grad_norm += grad_norm.item() / hp.inner_epochs
         optimizer.step()
         scheduler.step()
     return s

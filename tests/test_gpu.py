@@ -44,11 +44,23 @@ def test_two_rank_nccl_run(run_overrides, tmp_path):
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "rl_training" / "runners" / "rl_runner.py"), "--cfg", TESTCFG, *run_overrides, *CUDA_VLLM,
-           "vllm.memory_fraction=0.2", "train.total_steps=3"]
-    r = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                       timeout=1800)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
+        "--cfg",
+        TESTCFG,
+        *run_overrides,
+        *CUDA_VLLM,
+        "vllm.memory_fraction=0.2",
+        "train.total_steps=3",
+    ]
+    r = subprocess.run(
+        cmd, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=1800
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = [json.loads(x) for x in (tmp_path / "runs" / "testconfig" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]

@@ -6,50 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_training.config import LoraCfg
-from rl_training.models import apply_lora, trainable_parameters
-from rl_training.rollout.base import Rollouts
-from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
-
-G = 2
+from rl_training.models import trainable_parameters
+from rl_training.trainer import make_micro_batches
+from tests.helpers import G, fake_rollouts, grads_after, lora_policy
 
 
 @pytest.fixture(scope="module")
 def policy(tiny_model):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    # sdpa (the default): transformers 5's eager path shifts logits by ~1e-7 when every row carries padding.
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64, attn_implementation="sdpa")
-    model = apply_lora(base, LoraCfg(r=4, alpha=8))
-    with torch.no_grad():  # LoRA B starts at 0, which would zero every A gradient; make both matter
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    return model
-
-
-def fake_rollouts(n_groups: int, seed: int = 0) -> Rollouts:
-    g = torch.Generator().manual_seed(seed)
-    prompts, comps, lps = [], [], []
-    for _ in range(n_groups):
-        p = torch.randint(2, 200, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(G):
-            c = torch.randint(2, 200, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
-            prompts.append(p)
-            comps.append(c)
-            lps.append([-1.0] * len(c))
-    return Rollouts(prompts, comps, lps, [False] * len(comps), [""] * len(comps))
-
-
-def grads_after(model, rollouts, adv, groups_per_micro, *, extra_pad=0, kl_coef=0.0, drop=False, epochs=1):
-    params = trainable_parameters(model)
-    opt = torch.optim.SGD(params, lr=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    mbs = make_micro_batches(rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad)
-    hp = UpdateHParams(normalizer=len(rollouts) * 8, inner_epochs=epochs, kl_coef=kl_coef, max_grad_norm=0.0)
-    stats = train_on_rollouts(model, opt, sched, params, mbs, hp)
-    return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
+    return lora_policy(tiny_model)
 
 
 def test_gradient_invariant_to_micro_batch_split_and_padding(policy):
@@ -99,3 +63,28 @@ def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):
     m = mbs[0].mask.bool()
     assert stats.logp_absdiff_sum == pytest.approx((lp[m] + 1.0).abs().sum().item(), rel=1e-9)
     assert len(params) > 0
+
+
+def test_inner_epochs_reuse_first_epoch_logprobs_as_old(policy):
+    ro = fake_rollouts(2, seed=3)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    g1, s1 = grads_after(policy, ro, adv, 2, epochs=1)
+    # lr 0: the weights never move, so epoch 2 sees ratio 1 again: same gradient, twice the summed loss.
+    g2, s2 = grads_after(policy, ro, adv, 2, epochs=2)
+    torch.testing.assert_close(g2, g1, rtol=1e-12, atol=0.0)
+    assert s2.loss == pytest.approx(2 * s1.loss, rel=1e-12) and s2.clipped_tokens == 0.0
+    # A real step between epochs (SGD, large lr): epoch 2's ratio departs from 1 and the clip engages.
+    params = trainable_parameters(policy)
+    saved = [p.detach().clone() for p in params]
+    opt = torch.optim.SGD(params, lr=50.0)
+    from rl_training.algs.objectives import StepNorm
+    from rl_training.trainer import UpdateHParams, train_on_rollouts
+
+    mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
+    norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    stats = train_on_rollouts(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs,
+                              UpdateHParams(inner_epochs=2, max_grad_norm=0.0), norm)
+    with torch.no_grad():
+        for p, v in zip(params, saved, strict=True):
+            p.copy_(v)  # leave the module-scoped policy as it was
+    assert stats.clipped_tokens > 0

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import group_advantages
 from rl_training.checkpoint import load_checkpoint, save_checkpoint
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, to_yaml
@@ -30,7 +29,14 @@ from rl_training.models import assert_only_adapter_trainable, build_policy, trai
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
-from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.trainer import (
+    UpdateHParams,
+    make_micro_batches,
+    resolve_objective,
+    step_advantages,
+    step_norm,
+    train_on_rollouts,
+)
 
 
 @dataclass
@@ -55,6 +61,7 @@ class Run:
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
+    resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
     d = derive(cfg, info.world_size)
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir)
@@ -81,7 +88,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         )
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
-    hp = UpdateHParams.from_config(cfg, d.loss_normalizer)
+    hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
     return Run(
         cfg,
@@ -119,7 +126,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("score"):
         refs = [run.examples[i].reference for i in idx for _ in range(G)]
         scores = score_completions(run.task, rollouts.texts, refs, cfg.reward.timeout_s)
-        advantages = group_advantages(torch.tensor(scores.rewards, dtype=torch.float32), G)
+        rewards = torch.tensor(scores.rewards, dtype=torch.float32)
+        advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     with timer("train"):
         micro = make_micro_batches(
             rollouts,
@@ -131,7 +139,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             cfg.train.drop_zero_adv_groups,
         )
         lr = run.scheduler.get_last_lr()[0]
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp)
+        norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
+        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm)
     with timer("sync"):
         run.backend.sync_weights(run.model)
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)

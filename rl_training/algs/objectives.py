@@ -1,0 +1,249 @@
+"""The policy-gradient objectives of our peers, as pure functions chosen once at setup from `loss.type`.
+
+Every objective is three choices, each a function (no string switches in the training step):
+  1. advantages: a baseline (group mean, or leave-one-out) and a scale (none, group std, batch std);
+  2. a per-token surrogate: PPO's clipped ratio, GSPO's clipped sequence ratio, or CISPO's clipped,
+     stop-gradient importance weight times log-prob;
+  3. an aggregation with a normaliser that is constant for the optimizer step (so every objective's gradient
+     is the sum of its micro-batches' gradients, whatever the split):
+       step_constant        sum over tokens / (sequences in the step x max_new_tokens)     [Dr-GRPO]
+       seq_mean_token_mean  (1/sequences) sum_i (1/|o_i|) sum_t                          [GRPO, GSPO]
+       seq_mean_token_sum   (1/sequences) sum_i sum_t                                    [RLOO]
+       token_mean           sum over tokens / (valid tokens in the step)                 [DAPO, CISPO, REINFORCE++]
+     "sequences" and "valid tokens" count the whole optimizer step over all ranks (divided by the world size,
+     because the gradient all-reduce averages ranks), including zero-advantage groups that
+     `train.drop_zero_adv_groups` skips: skipping them saves compute and never changes the gradient.
+
+Papers and departures (each objective's entry below names its paper):
+- Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact (see algs/dr_grpo.py).
+- GRPO: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300. Advantages (r - mean)/(std + 1e-6) with the
+  unbiased group std; per-sequence token mean, then mean over sequences.
+- DAPO: Yu et al. 2025, arXiv:2503.14476. Clip-higher (0.2 / 0.28) and the token-level mean over the step.
+  Not included: dynamic sampling (re-sampling prompts until the batch is full of informative groups) and
+  overlong reward shaping; `train.drop_zero_adv_groups` only skips degenerate groups.
+- GSPO: Zheng et al. 2025, arXiv:2507.18071. Sequence ratio s_i = exp(mean_t log(pi/pi_old)), clipped at
+  1-3e-4 / 1+4e-4, mean over sequences. Truncated IS weights, when enabled, are averaged over the
+  sequence's tokens (arithmetic mean), where verl uses the geometric mean.
+- CISPO: MiniMax 2025 (MiniMax-M1), arXiv:2506.13585. -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi,
+  token mean over the step; no lower bound by default (eps_low = 1), eps_high = 0.28.
+- RLOO: Ahmadian et al. 2024, arXiv:2402.14740 (Kool et al. 2019). Leave-one-out baseline
+  A_i = r_i - mean_{j != i} r_j; REINFORCE on the whole sequence (token sum), mean over sequences. Departure:
+  the PPO clipped ratio is kept so inner epochs stay well defined (with one epoch the ratio is exactly 1 and
+  the gradient is plain REINFORCE).
+- REINFORCE++ with baseline: Hu 2025, arXiv:2501.03262. A_i = (r_i - group mean) / std over the whole
+  step's batch (all ranks), PPO clip, token mean. Departure: the batch std is taken over sequences; verl
+  whitens over tokens (each sequence weighted by its length). The paper's KL-in-reward is replaced by the
+  shared KL-in-loss option.
+KL (k1 or k3, `loss.kl_estimator`) is added per token, `kl_coef * kl_t`, before aggregation, as TRL does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from rl_training.algs.dr_grpo import group_advantages, k3_kl
+
+ADV_EPS = 1e-6
+
+
+# ------------------------------------------------------------------------------------------- advantages
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_j r_j). rewards [N] group by group -> [N]."""
+    return group_advantages(rewards, group_size) * (group_size / (group_size - 1))
+
+
+def group_std_scale(centered: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Divide each group's centered rewards by that group's (unbiased) reward std + eps (GRPO)."""
+    c = centered.view(-1, group_size)
+    return (c / (c.std(dim=1, keepdim=True) + ADV_EPS)).view(-1)
+
+
+def no_scale(centered: torch.Tensor, group_size: int) -> torch.Tensor:
+    return centered
+
+
+def batch_moments(x: torch.Tensor) -> dict[str, float]:
+    """Sums the caller all-reduces across ranks before `batch_std_scale` (count, sum, sum of squares)."""
+    return {"n": float(x.numel()), "s": x.double().sum().item(), "s2": (x.double() ** 2).sum().item()}
+
+
+def batch_std_scale(centered: torch.Tensor, moments: dict[str, float]) -> torch.Tensor:
+    """Divide by the unbiased std of the whole step's centered rewards (REINFORCE++), from global moments."""
+    n, s, s2 = moments["n"], moments["s"], moments["s2"]
+    var = max(s2 - s * s / n, 0.0) / max(n - 1.0, 1.0)
+    return centered / (math.sqrt(var) + ADV_EPS)
+
+
+# ------------------------------------------------------------------------------------------- surrogates
+class Surrogate(NamedTuple):
+    per_token: torch.Tensor  # [B,L] loss per token before aggregation (masked positions are ignored later)
+    clipped: torch.Tensor  # [B,L] bool: tokens whose update the clip removed or whose weight it truncated
+
+
+def ppo_clip_surrogate(logp, old_logp, adv, mask, clip_low, clip_high) -> Surrogate:
+    """-min(r A, clip(r, 1-eps_low, 1+eps_high) A), r = exp(logp - old_logp) per token."""
+    ratio = torch.exp(logp - old_logp.detach())
+    a = adv.unsqueeze(1)
+    per_token = -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * a)
+    clipped = ((ratio > 1.0 + clip_high) & (a > 0)) | ((ratio < 1.0 - clip_low) & (a < 0))
+    return Surrogate(per_token, clipped)
+
+
+def gspo_surrogate(logp, old_logp, adv, mask, clip_low, clip_high) -> Surrogate:
+    """Sequence ratio s_i = exp(mean over valid tokens of log r_t); -min(s A, clip(s) A), on every token of i."""
+    m = mask.to(logp.dtype)
+    log_s = ((logp - old_logp.detach()) * m).sum(1) / m.sum(1).clamp(min=1.0)
+    s = torch.exp(log_s)
+    seq_loss = -torch.minimum(s * adv, torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high) * adv)
+    clipped = ((s > 1.0 + clip_high) & (adv > 0)) | ((s < 1.0 - clip_low) & (adv < 0))
+    return Surrogate(seq_loss.unsqueeze(1).expand_as(logp), clipped.unsqueeze(1).expand_as(logp))
+
+
+def cispo_surrogate(logp, old_logp, adv, mask, clip_low, clip_high) -> Surrogate:
+    """-sg(clip(r, 1-eps_low, 1+eps_high)) * A * logp: clipping truncates the weight, never the gradient."""
+    ratio = torch.exp(logp.detach() - old_logp.detach())
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = -weight * adv.unsqueeze(1) * logp
+    return Surrogate(per_token, (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low))
+
+
+# ----------------------------------------------------------------------------------------- aggregation
+@dataclass(frozen=True)
+class StepNorm:
+    """Normalisers of one optimizer step, per rank (global count / world size: DDP averages ranks)."""
+
+    seqs: float  # sequences in the step
+    tokens: float  # valid completion tokens in the step
+    max_new_tokens: int
+
+
+def step_constant(per_token, mask, norm: StepNorm) -> torch.Tensor:
+    return (per_token * mask).sum() / (norm.seqs * norm.max_new_tokens)
+
+
+def seq_mean_token_mean(per_token, mask, norm: StepNorm) -> torch.Tensor:
+    return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum() / norm.seqs
+
+
+def seq_mean_token_sum(per_token, mask, norm: StepNorm) -> torch.Tensor:
+    return (per_token * mask).sum() / norm.seqs
+
+
+def token_mean(per_token, mask, norm: StepNorm) -> torch.Tensor:
+    return (per_token * mask).sum() / norm.tokens
+
+
+# ------------------------------------------------------------------------------------------------ KL
+def k1_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k1 estimate of KL(pi || ref): log pi - log ref (unbiased, can be negative)."""
+    return logp - ref_logp
+
+
+KL_ESTIMATORS: dict[str, Callable] = {"k1": k1_kl, "k3": k3_kl}
+
+
+# ----------------------------------------------------------------------------------------- objectives
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    paper: str
+    baseline: Callable[[torch.Tensor, int], torch.Tensor]  # rewards [N], G -> centered [N]
+    scale: Callable | None  # (centered, G) -> advantages; None = batch std from global moments
+    surrogate: Callable[..., Surrogate]
+    aggregate: Callable[[torch.Tensor, torch.Tensor, StepNorm], torch.Tensor]
+    clip_low: float  # paper defaults, used when loss.clip_low / clip_high are left unset
+    clip_high: float
+
+    @property
+    def needs_batch_moments(self) -> bool:
+        return self.scale is None
+
+
+OBJECTIVES: dict[str, Objective] = {
+    o.name: o
+    for o in [
+        Objective(
+            "dr_grpo", "arXiv:2503.20783", group_advantages, no_scale, ppo_clip_surrogate, step_constant, 0.2, 0.2
+        ),
+        Objective(
+            "grpo",
+            "arXiv:2402.03300",
+            group_advantages,
+            group_std_scale,
+            ppo_clip_surrogate,
+            seq_mean_token_mean,
+            0.2,
+            0.2,
+        ),
+        Objective(
+            "dapo", "arXiv:2503.14476", group_advantages, group_std_scale, ppo_clip_surrogate, token_mean, 0.2, 0.28
+        ),
+        Objective(
+            "gspo",
+            "arXiv:2507.18071",
+            group_advantages,
+            group_std_scale,
+            gspo_surrogate,
+            seq_mean_token_mean,
+            3e-4,
+            4e-4,
+        ),
+        Objective(
+            "cispo", "arXiv:2506.13585", group_advantages, group_std_scale, cispo_surrogate, token_mean, 1.0, 0.28
+        ),
+        Objective(
+            "rloo",
+            "arXiv:2402.14740",
+            leave_one_out_advantages,
+            no_scale,
+            ppo_clip_surrogate,
+            seq_mean_token_sum,
+            0.2,
+            0.2,
+        ),
+        Objective("reinforce_pp", "arXiv:2501.03262", group_advantages, None, ppo_clip_surrogate, token_mean, 0.2, 0.2),
+    ]
+}
+
+
+class LossOut(NamedTuple):
+    loss: torch.Tensor  # scalar: this micro-batch's share of the step loss
+    pg_loss: torch.Tensor  # scalar, detached: the policy-gradient part
+    kl_sum: torch.Tensor  # scalar, detached: token sum of the KL estimate over valid tokens
+    clipped_tokens: torch.Tensor  # scalar, detached
+    tokens: torch.Tensor  # scalar, detached: valid tokens
+
+
+def policy_loss(
+    objective: Objective,
+    logp: torch.Tensor,  # [B,L] current policy log-probs (requires grad)
+    old_logp: torch.Tensor,  # [B,L] log-probs of the policy before this step's first update
+    advantages: torch.Tensor,  # [B]
+    mask: torch.Tensor,  # [B,L] 1 on completion tokens
+    norm: StepNorm,
+    clip_low: float,
+    clip_high: float,
+    ref_logp: torch.Tensor | None = None,  # [B,L]
+    kl_coef: float = 0.0,
+    kl_estimator: Callable = k3_kl,
+    is_weights: torch.Tensor | None = None,  # [B,L] truncated importance weights (no grad)
+) -> LossOut:
+    mask = mask.to(logp.dtype)
+    adv = advantages.detach().to(logp.dtype)
+    sur = objective.surrogate(logp, old_logp, adv, mask, clip_low, clip_high)
+    per_token = sur.per_token if is_weights is None else sur.per_token * is_weights.detach()
+    pg = objective.aggregate(per_token, mask, norm)
+    loss, kl_sum = pg, torch.zeros((), dtype=logp.dtype, device=logp.device)
+    if ref_logp is not None:
+        kl_tok = kl_estimator(logp, ref_logp.detach())
+        kl_sum = (kl_tok * mask).sum()
+        if kl_coef:
+            loss = loss + kl_coef * objective.aggregate(kl_tok, mask, norm)
+    return LossOut(
+        loss, pg.detach(), kl_sum.detach(), (sur.clipped.to(mask.dtype) * mask).sum().detach(), mask.sum().detach()
+    )

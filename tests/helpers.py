@@ -1,0 +1,59 @@
+"""Helpers shared by the trainer and objective tests: a float64 LoRA policy, fake rollouts, one update."""
+
+from __future__ import annotations
+
+import torch
+
+from rl_training.algs.objectives import OBJECTIVES, StepNorm
+from rl_training.config import LoraCfg
+from rl_training.models import apply_lora, trainable_parameters
+from rl_training.rollout.base import Rollouts
+from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+
+G = 2  # completions per prompt in the fake rollouts
+
+
+def lora_policy(model_dir, seed: int = 0):
+    """The tiny model in float64 with a LoRA adapter whose B matrices are random (B = 0 would zero every A
+    gradient). sdpa, the default: transformers 5's eager path shifts logits by ~1e-7 when every row is padded."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    model = apply_lora(base, LoraCfg(r=4, alpha=8))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return model
+
+
+def fake_rollouts(n_groups: int, seed: int = 0) -> Rollouts:
+    """Random prompts (3-8 tokens) and completions (1-6 tokens); sampler log-probs all -1."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, comps, lps = [], [], []
+    for _ in range(n_groups):
+        p = torch.randint(2, 200, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(G):
+            c = torch.randint(2, 200, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g).tolist()
+            prompts.append(p)
+            comps.append(c)
+            lps.append([-1.0] * len(c))
+    return Rollouts(prompts, comps, lps, [False] * len(comps), [""] * len(comps))
+
+
+def grads_after(
+    model, rollouts, adv, groups_per_micro, *, extra_pad=0, kl_coef=0.0, drop=False, epochs=1, objective="dr_grpo"
+):
+    """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the stats."""
+    params = trainable_parameters(model)
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    mbs = make_micro_batches(rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad)
+    o = OBJECTIVES[objective]
+    hp = UpdateHParams(
+        objective=o, clip_low=o.clip_low, clip_high=o.clip_high, inner_epochs=epochs, kl_coef=kl_coef, max_grad_norm=0.0
+    )
+    norm = StepNorm(seqs=len(rollouts), tokens=sum(len(c) for c in rollouts.completion_ids), max_new_tokens=8)
+    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
+    return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
