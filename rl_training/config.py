@@ -149,6 +149,19 @@ class LossCfg:
 
 
 @dataclass
+class ProbeCfg:
+    enabled: bool = _f(True, "Run the gradient-noise-scale and effective-sample-size probes every step.")
+    gns_levels: list[Literal["unit", "micro", "rank"]] = _f(
+        ["unit", "micro", "rank"],
+        "GNS small-gradient levels: unit = exact per prompt group (LoRA), micro, rank; "
+        "levels that cannot be identified (one micro-batch in the step, one rank) are dropped.",
+    )
+    gns_ema_beta: float = _f(
+        0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999
+    )
+
+
+@dataclass
 class OptimCfg:
     lr: float = _f(1e-4, "Peak learning rate (AdamW).", gt=0)
     weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
@@ -195,6 +208,7 @@ class Config:
     train: TrainCfg = field(default_factory=TrainCfg)
     loss: LossCfg = field(default_factory=LossCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
+    probe: ProbeCfg = field(default_factory=ProbeCfg)
     ckpt: CkptCfg = field(default_factory=CkptCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     sft: SftCfg = field(default_factory=SftCfg)

@@ -164,6 +164,11 @@ class MetricsLogger:
         self._fh.write(json.dumps({"step": step, **metrics}) + "\n")
         self._fh.flush()
 
+    def custom_scalars(self, layout: dict) -> None:
+        """TensorBoard 'Custom Scalars' tab layout (written once per run directory session)."""
+        if self.enabled and self.writer is not None:
+            self.writer.add_custom_scalars(layout)
+
     def text(self, tag: str, text: str, step: int = 0) -> None:
         if self.enabled and self.writer is not None:
             self.writer.add_text(tag, text, step)

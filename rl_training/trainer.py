@@ -10,6 +10,7 @@ only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -199,9 +200,11 @@ def train_on_rollouts(
     micro_batches: list[MicroBatch],
     hp: UpdateHParams,
     norm: StepNorm,
+    probes=None,
 ) -> TrainStats:
-    # Eval mode: no dropout anywhere, so epoch-0 log-probs equal a separate no-grad "old" pass.
-    model.eval()
+    """One rollout batch: `inner_epochs` optimizer steps. `probes` (a StepProbes or None) reads the small
+    gradients and importance weights of epoch 0 and the PPO ratios of the last epoch; it never edits `.grad`."""
+    model.eval()  # no dropout anywhere, so epoch-0 log-probs equal a separate no-grad "old" pass
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
     ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
@@ -209,27 +212,32 @@ def train_on_rollouts(
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
-            logits = forward_logits(model, mb)
-            logp = token_logprobs(logits, mb.targets, hp.temperature)
-            if epoch == 0:
-                old_logps.append(logp.detach())
-                is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
-                s.entropy_sum += token_entropy(logits.detach(), hp.temperature)[mb.mask.bool()].sum().item()
-            out = policy_loss(
-                hp.objective,
-                logp,
-                old_logps[i],
-                mb.advantages,
-                mb.mask,
-                norm,
-                hp.clip_low,
-                hp.clip_high,
-                ref_logps[i],
-                hp.kl_coef,
-                hp.kl_estimator,
-                is_weights[i],
-            )
-            out.loss.backward()
+            with probes.micro(mb) if probes is not None and epoch == 0 else nullcontext():
+                logits = forward_logits(model, mb)
+                logp = token_logprobs(logits, mb.targets, hp.temperature)
+                if epoch == 0:
+                    old_logps.append(logp.detach())
+                    is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
+                    s.entropy_sum += token_entropy(logits.detach(), hp.temperature)[mb.mask.bool()].sum().item()
+                out = policy_loss(
+                    hp.objective,
+                    logp,
+                    old_logps[i],
+                    mb.advantages,
+                    mb.mask,
+                    norm,
+                    hp.clip_low,
+                    hp.clip_high,
+                    ref_logps[i],
+                    hp.kl_coef,
+                    hp.kl_estimator,
+                    is_weights[i],
+                )
+                out.loss.backward()
+            if probes is not None and epoch == 0:
+                probes.observe_rollout(mb, old_logps[i], is_weights[i])
+            if probes is not None and epoch == hp.inner_epochs - 1 and epoch > 0:
+                probes.observe_ppo(mb, logp, old_logps[i])
             s.loss += out.loss.item()
             s.pg_loss += out.pg_loss.item()
             s.clipped_tokens += out.clipped_tokens.item()
@@ -239,7 +247,11 @@ def train_on_rollouts(
         for p in params:  # a rank whose groups were all dropped still joins the all-reduce
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if probes is not None and epoch == 0:
+            probes.before_allreduce()
         dist.average_gradients_(params)
+        if probes is not None and epoch == 0:
+            probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
         s.grad_norm += grad_norm.item() / hp.inner_epochs
         optimizer.step()

@@ -82,8 +82,15 @@ def test_inner_epochs_reuse_first_epoch_logprobs_as_old(policy):
 
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
-    stats = train_on_rollouts(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs,
-                              UpdateHParams(inner_epochs=2, max_grad_norm=0.0), norm)
+    stats = train_on_rollouts(
+        policy,
+        opt,
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+        params,
+        mbs,
+        UpdateHParams(inner_epochs=2, max_grad_norm=0.0),
+        norm,
+    )
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)  # leave the module-scoped policy as it was

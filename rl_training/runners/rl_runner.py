@@ -13,7 +13,7 @@ backend -> log -> checkpoint. Outputs go to run.output_dir/run.name (see README,
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from rl_training.data.prompts import PromptSampler, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
+from rl_training.probes.dashboard import ALERT_TEXT
+from rl_training.probes.dashboard import LAYOUT as PROBE_LAYOUT
+from rl_training.probes.probe import StepProbes
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
@@ -56,7 +59,35 @@ class Run:
     sampler: PromptSampler
     logger: MetricsLogger
     hp: UpdateHParams
+    probes: StepProbes | None
     start_step: int
+    alerts: dict = field(default_factory=dict)
+
+
+def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | None:
+    """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
+    if not cfg.probe.enabled:
+        return None
+    levels = [
+        lv
+        for lv in cfg.probe.gns_levels
+        if not (lv == "unit" and cfg.model.gradient_checkpointing)  # recompute would fire hooks twice
+        and not (lv == "micro" and d.accum_steps * d.world_size < 2)
+        and not (lv == "rank" and d.world_size < 2)
+    ]
+    probes = StepProbes(
+        model,
+        params,
+        levels=levels,
+        ema_beta=cfg.probe.gns_ema_beta,
+        units_per_step=cfg.rollout.prompts_per_step,
+        world_size=d.world_size,
+        micro_batch_groups=cfg.train.micro_batch_groups,
+        device=info.device,
+    )
+    if resumed.get("gns"):
+        probes.tracker.load_state_dict(resumed["gns"])
+    return probes
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
@@ -73,9 +104,10 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     prompts = encode_prompts(examples, cfg.data, tokenizer)
     sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
     seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
-    start_step = 0
+    start_step, resumed_state = 0, {}
     if resume_from is not None:
-        start_step = load_checkpoint(resume_from, model, optimizer, scheduler, info.rank, info.world_size).step
+        restored = load_checkpoint(resume_from, model, optimizer, scheduler, info.rank, info.world_size)
+        start_step, resumed_state = restored.step, restored.trainer_state
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
     backend = build_backend(cfg, model, tokenizer, info)
@@ -88,6 +120,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         )
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
+    logger.custom_scalars(PROBE_LAYOUT)
     hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
     return Run(
@@ -106,6 +139,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         sampler,
         logger,
         hp,
+        build_probes(cfg, d, model, params, info, resumed_state),
         start_step,
     )
 
@@ -140,10 +174,15 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         )
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm)
+        if run.probes is not None:
+            run.probes.begin_step(G, run.d.groups_per_rank)
+        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
     with timer("sync"):
         run.backend.sync_weights(run.model)
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    if run.probes is not None:
+        mean_group_tokens = metrics["rollout/response_len_mean"] * G
+        metrics.update(run.probes.metrics(metrics["rollout/zero_adv_group_frac"], mean_group_tokens))
     return {**metrics, **run.backend.metrics()}
 
 
@@ -161,9 +200,22 @@ def checkpoint(run: Run, step: int) -> None:
         run.optimizer,
         run.scheduler,
         to_yaml(run.cfg),
-        {"data_epoch": epoch, "data_offset": offset},
+        {
+            "data_epoch": epoch,
+            "data_offset": offset,
+            "gns": run.probes.tracker.state_dict() if run.probes is not None else None,
+        },
         run.cfg.ckpt.keep_last,
     )
+
+
+def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
+    """Print a probe alert on rank 0 when it switches on (not every step it stays on)."""
+    for key, text in ALERT_TEXT.items():
+        value = metrics.get(key, 0.0)
+        if value and not run.alerts.get(key):
+            dist.print0(f"[step {step}] probe alert {key}={value:g}: {text}")
+        run.alerts[key] = value
 
 
 def train(run: Run) -> None:
@@ -182,6 +234,7 @@ def train(run: Run) -> None:
     for step in range(run.start_step, total):
         metrics = rl_step(run, step)
         run.logger.log(step + 1, metrics)
+        report_alerts(run, metrics, step + 1)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")
         bar.update(1)
         if (every and (step + 1) % every == 0) or step + 1 == total:

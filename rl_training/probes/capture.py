@@ -1,0 +1,126 @@
+"""Autograd hooks that read the small gradients the GNS estimator needs, without touching `.grad`.
+
+- `MicroGradCapture` (GNS_ESS.md design A): a tensor hook on every trainable parameter receives the gradient
+  of the armed backward only, before it is accumulated into `.grad` and before any all-reduce. The squared
+  norms are summed in float64 on the device (no .item() inside a hook). The hook count per backward is
+  checked against the parameter count (pitfall P6: hooks must fire only for the training backward).
+- `LoraUnitCapture` (design C): exact per-prompt-group squared gradient norms of the LoRA matrices. For a
+  LoRA linear y = base(x) + B(A(x)) * s, a sequence's gradients are sum_t dA_t^T x_t (for A) and
+  sum_t dv_t^T u_t (for B), where u = A(x), v = B(u), and dA, dv are the gradients at A's and B's outputs.
+  Forward hooks on peft's lora_A / lora_B modules register tensor hooks on their outputs; the per-sequence
+  gradients are summed over each group's G consecutive rows and square-summed over all layers.
+  Not valid with gradient checkpointing (the recompute fires forward hooks twice), so the caller disables it.
+Neither class calls `zero_grad` or modifies any gradient (PITFALLS: probes must not touch training grads).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+class MicroGradCapture:
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = params
+        self._armed = False
+        self._acc: torch.Tensor | None = None
+        self.calls = 0
+        self._handles = [p.register_hook(self._hook) for p in params]
+
+    def _hook(self, g: torch.Tensor) -> None:
+        if self._armed:
+            self._acc = self._acc + g.detach().pow(2).sum(dtype=torch.float64)
+            self.calls += 1
+
+    @contextmanager
+    def capture(self):
+        """Arm the hooks around one forward + backward; read `.sq_norm` afterwards."""
+        self._acc = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        self.calls = 0
+        self._armed = True
+        try:
+            yield self
+        finally:
+            self._armed = False
+
+    @property
+    def sq_norm(self) -> torch.Tensor:
+        return self._acc
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def lora_module_pairs(model) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
+    """(lora_A, lora_B) Linear modules of every active adapter in a peft model."""
+    from peft.tuners.lora import LoraLayer
+
+    pairs = []
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            for name in m.active_adapters:
+                if name in m.lora_A:
+                    pairs.append((m.lora_A[name], m.lora_B[name]))
+    return pairs
+
+
+class LoraUnitCapture:
+    def __init__(self, model):
+        self.pairs = lora_module_pairs(model)
+        if not self.pairs:
+            raise ValueError("no LoRA layers found for per-unit gradient capture")
+        self._armed = False
+        self._acc: torch.Tensor | None = None
+        self._groups = 0
+        self._handles = []
+        for a, b in self.pairs:
+            self._handles.append(a.register_forward_hook(self._on_a))
+            self._handles.append(b.register_forward_hook(self._on_b))
+
+    def _per_group(self, grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        # grad [B,T,out], inp [B,T,in] with B = groups x G rows, group by group. A group's weight gradient is
+        # sum over its rows and positions of grad^T inp: one contraction per group over its G*T positions.
+        # float32 products and squares (GNS_ESS.md P3), float64 accumulation across layers.
+        if grad.dim() != 3:
+            raise RuntimeError("per-unit capture needs [batch, time, features] activations")
+        n = self._groups
+        g, x = grad.reshape(n, -1, grad.shape[-1]), inp.reshape(n, -1, inp.shape[-1])
+        if g.dtype in (torch.float16, torch.bfloat16):
+            g, x = g.float(), x.float()
+        per_group = torch.bmm(g.transpose(1, 2), x)  # [n, out, in]
+        return torch.linalg.vector_norm(per_group, dim=(1, 2)).square()
+
+    def _on_a(self, module, inputs, output) -> None:
+        if self._armed and output.requires_grad:
+            x = inputs[0].detach()
+            output.register_hook(lambda g: self._add(self._per_group(g, x)))
+
+    def _on_b(self, module, inputs, output) -> None:
+        if self._armed and output.requires_grad:
+            u = inputs[0].detach()
+            output.register_hook(lambda g: self._add(self._per_group(g, u)))
+
+    def _add(self, v: torch.Tensor) -> None:
+        self._acc += v  # float64 accumulator across layers
+
+    @contextmanager
+    def capture(self, n_groups: int):
+        """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups."""
+        self._acc = torch.zeros(n_groups, dtype=torch.float64, device=next(self.pairs[0][0].parameters()).device)
+        self._groups = n_groups
+        self._armed = True
+        try:
+            yield self
+        finally:
+            self._armed = False
+
+    @property
+    def unit_sq_norms(self) -> torch.Tensor:
+        """[n_groups] squared norms of each group's contribution to the accumulated gradient."""
+        return self._acc
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()

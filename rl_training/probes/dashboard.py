@@ -1,0 +1,110 @@
+"""TensorBoard custom-scalar layout for the probes (one tab, rows as in GNS_ESS.md section 4) and alerts.
+
+The alert rules are heuristics, stated as such in the README: ess/token < 0.95 warn, < 0.8 critical;
+B/B_simple < 0.25 noise-dominated, > 4 compute-wasteful (only once B_simple is trustworthy, rel SE <= 0.3);
+the GNS invalid for longer than its EMA window; trSigma at two levels disagreeing by more than [0.7, 1.4]
+while the SE is below 0.15.
+"""
+
+from __future__ import annotations
+
+import math
+
+LAYOUT = {
+    "1 GNS: batch vs noise scale": {
+        "B_simple with +-2 SE band (prompt groups)": [
+            "Margin",
+            ["probe/gns/b_simple", "probe/gns/b_simple_lo", "probe/gns/b_simple_hi"],
+        ],
+        "batch, B_simple, recommended": [
+            "Multiline",
+            ["probe/gns/batch_units", "probe/gns/b_simple", "probe/gns/recommended_batch"],
+        ],
+    },
+    "2 GNS: |G|^2 and tr(Sigma)": {
+        "|G|^2 (EMA, raw)": ["Multiline", ["probe/gns/grad_sq_norm_est", "probe/gns/grad_sq_norm_raw"]],
+        "tr(Sigma) per group (EMA, raw)": ["Multiline", ["probe/gns/trace_sigma_est", "probe/gns/trace_sigma_raw"]],
+    },
+    "3 GNS: efficiency": {
+        "step and sample efficiency": ["Multiline", ["probe/gns/step_efficiency", "probe/gns/sample_efficiency"]],
+        "B / B_simple": ["Multiline", ["probe/gns/batch_ratio"]],
+        "trust: valid, rel SE, N_eff": [
+            "Multiline",
+            ["probe/gns/valid", "probe/gns/b_simple_rel_se", "probe/gns/n_eff"],
+        ],
+    },
+    "4 GNS: consistency across levels": {
+        "tr(Sigma) at unit / micro / rank": [
+            "Multiline",
+            ["probe/gns/trace_sigma_est@unit", "probe/gns/trace_sigma_est@micro", "probe/gns/trace_sigma_est@rank"],
+        ],
+        "B_simple at unit / micro / rank": [
+            "Multiline",
+            ["probe/gns/b_simple@unit", "probe/gns/b_simple@micro", "probe/gns/b_simple@rank"],
+        ],
+    },
+    "5 Off-policy health": {
+        "ESS: token (used, raw), sequence": [
+            "Multiline",
+            ["probe/ess/token", "probe/ess/token_raw", "probe/ess/seq", "probe/ess/ppo_token"],
+        ],
+        "IS ratio max, p99.9, mean": ["Multiline", ["is/ratio_max", "is/ratio_p99_9", "is/ratio_mean"]],
+        "TIS truncated fraction": ["Multiline", ["is/trunc_frac"]],
+        "mismatch KL (k1, k3) and chi2": ["Multiline", ["is/kl_k1", "is/kl_k3", "is/chi2_token"]],
+        "trainer vs rollout log-prob gap": ["Multiline", ["rollout/logp_diff_mean", "rollout/logp_diff_max"]],
+    },
+    "6 Signal concentration": {
+        "advantage ESS, degenerate groups": [
+            "Multiline",
+            ["probe/ess/adv_seq", "probe/ess/adv_token", "probe/gns/degenerate_group_frac"],
+        ],
+        "PPO clip fraction": ["Multiline", ["train/clip_frac"]],
+        "response length": ["Multiline", ["rollout/response_len_mean", "rollout/response_len_max"]],
+    },
+    "7 Alerts": {
+        "alerts (0 = ok)": [
+            "Multiline",
+            ["probe/alert/ess_token", "probe/alert/batch", "probe/alert/gns_invalid", "probe/alert/levels_disagree"],
+        ]
+    },
+}
+
+
+def alerts(m: dict[str, float], invalid_streak: int) -> dict[str, float]:
+    """0 = fine. ess_token: 1 warn / 2 critical. batch: -1 noise-dominated, +1 compute-wasteful."""
+    out = {
+        "probe/alert/ess_token": 0.0,
+        "probe/alert/batch": 0.0,
+        "probe/alert/gns_invalid": 0.0,
+        "probe/alert/levels_disagree": 0.0,
+    }
+    tok = m.get("probe/ess/token", 1.0)
+    if tok < 0.8:
+        out["probe/alert/ess_token"] = 2.0
+    elif tok < 0.95:
+        out["probe/alert/ess_token"] = 1.0
+    se, ratio = m.get("probe/gns/b_simple_rel_se", math.nan), m.get("probe/gns/batch_ratio", math.nan)
+    if se <= 0.3:
+        out["probe/alert/batch"] = -1.0 if ratio < 0.25 else (1.0 if ratio > 4 else 0.0)
+    if invalid_streak > m.get("probe/gns/n_eff", math.inf):
+        out["probe/alert/gns_invalid"] = 1.0
+    levels = [
+        m[k]
+        for k in ("probe/gns/trace_sigma_est@unit", "probe/gns/trace_sigma_est@micro", "probe/gns/trace_sigma_est@rank")
+        if k in m and m[k] > 0
+    ]
+    if len(levels) >= 2 and se < 0.15 and not 0.7 <= max(levels) / min(levels) <= 1.4:
+        out["probe/alert/levels_disagree"] = 1.0
+    return out
+
+
+ALERT_TEXT = {
+    "probe/alert/ess_token": "token ESS of the importance weights is low: trainer and rollout policies disagree "
+    "(check is/ratio_max, rollout/logp_diff_*; enable or lower loss.tis_cap)",
+    "probe/alert/batch": "batch is far from B_simple: below 1/4 = noise-dominated (bigger batch or lower lr), "
+    "above 4x = compute-wasteful (smaller batch)",
+    "probe/alert/gns_invalid": "|G|^2 estimate non-positive for longer than the EMA window: B_simple undefined "
+    "(batch far below the noise scale; raise gns_ema_beta or the batch)",
+    "probe/alert/levels_disagree": "tr(Sigma) differs across unit/micro/rank levels: correlated units "
+    "(duplicate prompts, split groups) or a loss-scaling bug",
+}

@@ -1,0 +1,251 @@
+"""GNS estimator oracles from ../shared/docs/GNS_ESS.md section 3: closed forms (T2), invariances and
+negative controls (T4, T5), and the statistical oracles S1-S3 with fixed seeds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl_training.probes.capture import MicroGradCapture
+from rl_training.probes.gns import GNSState, SmallBatchSums, ema_n_eff, recommend_batch, two_batch_estimate
+
+D = torch.float64
+
+
+def sums_from_small(grads: list[torch.Tensor], b: list[int], c: list[float]) -> SmallBatchSums:
+    return SmallBatchSums(
+        sum(g.pow(2).sum().item() for g in grads),
+        len(grads),
+        sum(1 / x for x in b),
+        sum(ci * ci / bi for ci, bi in zip(c, b, strict=True)),
+    )
+
+
+def estimate_from_units(units: torch.Tensor, b: int):
+    """units [n, d] per-unit gradients split into consecutive micro-batches of b; G_B = their mean."""
+    n = units.shape[0]
+    micro = [units[i : i + b].mean(0) for i in range(0, n, b)]
+    sums = sums_from_small(micro, [b] * len(micro), [b / n] * len(micro))
+    return two_batch_estimate(sums, units.mean(0).pow(2).sum().item()), micro
+
+
+# ----------------------------------------------------------------------------------------------- T2
+def test_closed_forms_unit_level():
+    g = torch.randn(10, 7, generator=torch.Generator().manual_seed(0), dtype=D)
+    est, _ = estimate_from_units(g, 1)
+    n, mean = g.shape[0], g.mean(0)
+    # trSigma_est = sum_j |g_j - mean|^2 / (n - 1): the unbiased sample covariance trace
+    assert est.trace_sigma == pytest.approx(((g - mean) ** 2).sum().item() / (n - 1), rel=1e-12)
+    # |G|^2_est = sum_{j != k} g_j . g_k / (n (n - 1)): a U-statistic
+    gram = g @ g.T
+    assert est.grad_sq_norm == pytest.approx((gram.sum() - gram.diag().sum()).item() / (n * (n - 1)), rel=1e-12)
+
+
+def test_closed_forms_micro_level_and_paper_formulas():
+    g = torch.randn(24, 5, generator=torch.Generator().manual_seed(1), dtype=D)
+    b, n = 4, 24
+    est, micro = estimate_from_units(g, b)
+    m = torch.stack(micro)
+    # trSigma_est = b * Bessel sample variance of the micro means
+    assert est.trace_sigma == pytest.approx(b * ((m - m.mean(0)) ** 2).sum().item() / (len(micro) - 1), rel=1e-12)
+    # McCandlish App. A.1 with B_small = b, B_big = n
+    s_small = (m**2).sum(1).mean().item()
+    q = g.mean(0).pow(2).sum().item()
+    assert est.grad_sq_norm == pytest.approx((n * q - b * s_small) / (n - b), rel=1e-12)
+    assert est.trace_sigma == pytest.approx((s_small - q) / (1 / b - 1 / n), rel=1e-12)
+
+
+def test_estimator_inverts_the_expectations_symbolically():
+    sympy = pytest.importorskip("sympy")
+    g2, tr, a, beta = sympy.symbols("G2 T a beta", positive=True)
+    s_bar, q = g2 + a * tr, g2 + beta * tr  # E[S] and E[Q] (GNS_ESS.md 1.3)
+    assert sympy.simplify((s_bar - q) / (a - beta) - tr) == 0
+    assert sympy.simplify((a * q - beta * s_bar) / (a - beta) - g2) == 0
+
+
+def test_not_identifiable_cases():
+    assert two_batch_estimate(SmallBatchSums(1.0, 1, 1.0, 1.0), 1.0) is None  # K = 1
+    assert two_batch_estimate(SmallBatchSums(2.0, 2, 2.0, 1.0), 1.0) is None  # a == beta
+    assert two_batch_estimate(SmallBatchSums(float("inf"), 2, 2.0, 0.5), 1.0) is None
+
+
+# ------------------------------------------------------------------------------------------ T4 / T5
+def test_loss_scale_scales_raw_estimates_by_c_squared_and_keeps_b_simple():
+    g = torch.randn(16, 9, generator=torch.Generator().manual_seed(2), dtype=D) + 0.5
+    e1, _ = estimate_from_units(g, 4)
+    e3, _ = estimate_from_units(3.0 * g, 4)
+    assert e3.trace_sigma == pytest.approx(9 * e1.trace_sigma, rel=1e-12)
+    assert e3.grad_sq_norm == pytest.approx(9 * e1.grad_sq_norm, rel=1e-12)
+    assert e3.trace_sigma / e3.grad_sq_norm == pytest.approx(e1.trace_sigma / e1.grad_sq_norm, rel=1e-12)
+
+
+def test_permuting_units_changes_nothing_at_unit_level():
+    g = torch.randn(12, 4, generator=torch.Generator().manual_seed(3), dtype=D)
+    e1, _ = estimate_from_units(g, 1)
+    e2, _ = estimate_from_units(g[torch.randperm(12, generator=torch.Generator().manual_seed(9))], 1)
+    assert e2.trace_sigma == pytest.approx(e1.trace_sigma, rel=1e-12)
+    assert e2.grad_sq_norm == pytest.approx(e1.grad_sq_norm, rel=1e-12)
+
+
+def test_identical_unit_gradients_give_zero_noise():
+    g = torch.ones(8, 6, dtype=D) * 0.7
+    est, _ = estimate_from_units(g, 2)
+    assert abs(est.trace_sigma) <= 1e-12 * est.s_bar
+    st = GNSState(beta=0.9)
+    st.update(est)
+    assert st.b_simple == pytest.approx(0.0, abs=1e-10)
+
+
+def test_pure_noise_toggles_validity_without_nan():
+    gen = torch.Generator().manual_seed(4)
+    st, seen_valid, seen_invalid = GNSState(beta=0.5), False, False
+    for _ in range(200):
+        est, _ = estimate_from_units(torch.randn(16, 32, generator=gen, dtype=D), 4)  # G = 0
+        st.update(est)
+        seen_valid |= st.valid
+        seen_invalid |= not st.valid
+        for v in (st.trace_sigma, st.grad_sq_norm):
+            assert math.isfinite(v)
+        assert st.valid or math.isnan(st.b_simple)  # shown as NaN, never a clamped huge value
+    assert seen_valid and seen_invalid
+    assert abs(st.grad_sq_norm) < 0.5 * st.trace_sigma / 16  # |G|^2_ema fluctuates around 0
+
+
+def test_non_finite_step_is_skipped_and_counted():
+    g = torch.randn(8, 4, generator=torch.Generator().manual_seed(5), dtype=D) + 1
+    st = GNSState(beta=0.9)
+    st.update(estimate_from_units(g, 2)[0])
+    before = (st.t, st.m_tr, st.m_g2)
+    st.update(two_batch_estimate(SmallBatchSums(float("nan"), 4, 2.0, 0.125), 1.0))
+    assert (st.t, st.m_tr, st.m_g2) == before and st.skipped == 1
+
+
+def test_ema_n_eff_values():
+    # (1-b^t)^2 (1+b) / ((1-b)(1-b^2t)): t=1 -> 1; t -> inf -> (1+b)/(1-b) = 39 for b = 0.95
+    assert ema_n_eff(0.95, 1) == pytest.approx(1.0)
+    assert ema_n_eff(0.95, 10_000) == pytest.approx(39.0, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------ S1: constant gradient
+def constant_gradient_units(n: int, gen, mu_sq: float, L: int = 256) -> torch.Tensor:
+    """u_j ~ N(mu, I_L) with |mu|^2 = mu_sq: gamma_j = -u_j e^T, so trSigma = L and |G|^2 = mu_sq."""
+    mu = torch.full((L,), math.sqrt(mu_sq / L), dtype=D)
+    return mu + torch.randn(n, L, generator=gen, dtype=D)
+
+
+def run_ratio_of_sums(steps, sizes, mu_sq, seed, beta=None):
+    """Feed the estimator small batches of the given sizes per step; return the ratio of summed estimates
+    (or the EMA state's B_simple when beta is given) and the per-step ratios."""
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(sizes)
+    tr_sum = g2_sum = 0.0
+    st = GNSState(beta=beta) if beta is not None else None
+    ratios = []
+    for _ in range(steps):
+        u = constant_gradient_units(n, gen, mu_sq)
+        small, start = [], 0
+        for b in sizes:
+            small.append(u[start : start + b].mean(0))
+            start += b
+        est = two_batch_estimate(sums_from_small(small, sizes, [b / n for b in sizes]), u.mean(0).pow(2).sum().item())
+        tr_sum += est.trace_sigma
+        g2_sum += est.grad_sq_norm
+        ratios.append(est.trace_sigma / est.grad_sq_norm)
+        if st is not None:
+            st.update(est)
+    return (st.b_simple if st else tr_sum / g2_sum), ratios, st
+
+
+def test_s1_micro_ratio_of_sums():  # simulated rel. error sd 1.9% -> assert < 10%
+    bs, _, _ = run_ratio_of_sums(200, [4] * 8, 4.0, seed=10)
+    assert abs(bs / 64 - 1) < 0.10
+
+
+def test_s1_micro_ema():  # EMA beta 0.99 over 500 steps, sd 1.9% -> < 10%; also the numerator and denominator
+    bs, _, st = run_ratio_of_sums(500, [4] * 8, 4.0, seed=11, beta=0.99)
+    assert abs(bs / 64 - 1) < 0.10
+    assert abs(st.trace_sigma / 256 - 1) < 0.05 and abs(st.grad_sq_norm / 4 - 1) < 0.15
+
+
+def test_s1_unit_level():  # b = 1, K = 32, 50 steps, sd 3.8% -> < 15%
+    bs, _, _ = run_ratio_of_sums(50, [1] * 32, 4.0, seed=12)
+    assert abs(bs / 64 - 1) < 0.15
+
+
+def test_s1_unequal_micro_sizes():  # (2,3,5,6,8,4,1,3), 200 steps, sd 2.0% -> < 12%
+    bs, _, _ = run_ratio_of_sums(200, [2, 3, 5, 6, 8, 4, 1, 3], 4.0, seed=13)
+    assert abs(bs / 64 - 1) < 0.12
+
+
+def test_s1_rank_level():  # W = 2 ranks of b = 16, 200 steps, sd 2.5% -> < 12%
+    bs, _, _ = run_ratio_of_sums(200, [16, 16], 4.0, seed=14)
+    assert abs(bs / 64 - 1) < 0.12
+
+
+def test_s1_through_real_parameter_hooks():
+    """The same oracle, with the small gradients read by MicroGradCapture from real backward passes of
+    loss = -<u_j, W e> / B through a trainable Linear (its gradient does not depend on W, so optimizer
+    steps would not change the truth)."""
+    L, K, B, b = 256, 4, 32, 4
+    W = torch.nn.Linear(K, L, bias=False).double()
+    e = torch.zeros(K, dtype=D)
+    e[0] = 1.0
+    cap = MicroGradCapture([W.weight])
+    gen = torch.Generator().manual_seed(15)
+    tr_sum = g2_sum = 0.0
+    for _ in range(200):
+        u = constant_gradient_units(B, gen, 4.0)
+        W.weight.grad = None
+        small = []
+        for s in range(0, B, b):
+            with cap.capture():
+                (-(u[s : s + b] @ W(e)).sum() / B).backward()
+            assert cap.calls == 1  # one trainable tensor, one hook call per backward
+            small.append(cap.sq_norm.item() * (B / b) ** 2)  # micro increment -> its units' mean gradient
+        sums = SmallBatchSums(sum(small), len(small), len(small) / b, len(small) * (b / B) ** 2 / b)
+        est = two_batch_estimate(sums, W.weight.grad.pow(2).sum().item())
+        tr_sum += est.trace_sigma
+        g2_sum += est.grad_sq_norm
+    assert abs(tr_sum / g2_sum / 64 - 1) < 0.10
+
+
+# --------------------------------------------------------------------------------------- S2, S3
+def test_s2_ratio_of_sums_versus_mean_of_ratios():
+    # |mu|^2 = 0.25 -> B_simple = 1024 with B = 32: after 2000 steps the ratio of sums has sd 7% (assert < 30%);
+    # the mean of per-step ratios is off by > 100% in this regime (what an "EMA of the ratio" would report).
+    bs, ratios, _ = run_ratio_of_sums(2000, [4] * 8, 0.25, seed=16)
+    assert abs(bs / 1024 - 1) < 0.30
+    assert abs(sum(ratios) / len(ratios) / 1024 - 1) > 1.0
+
+
+def test_s3_theta_dependent_truth_linear_regression():
+    # x ~ N(0, I_d), y = x.theta* + eps, unit loss 0.5 (x.theta - y)^2 at a frozen theta, delta = theta - theta*:
+    # G = delta, Sigma = delta delta^T + (|delta|^2 + s^2) I  ->  B_simple = (d + 1) + d s^2 / |delta|^2.
+    d, sigma, b, k = 8, 0.5, 4, 8
+    gen = torch.Generator().manual_seed(17)
+    theta_star = torch.randn(d, generator=gen, dtype=D)
+    delta = torch.full((d,), 0.3, dtype=D)
+    theta = theta_star + delta
+    truth = (d + 1) + d * sigma**2 / delta.pow(2).sum().item()
+    tr_sum = g2_sum = 0.0
+    for _ in range(300):
+        x = torch.randn(b * k, d, generator=gen, dtype=D)
+        y = x @ theta_star + sigma * torch.randn(b * k, generator=gen, dtype=D)
+        units = (x @ theta - y).unsqueeze(1) * x  # per-unit gradient (x.theta - y) x
+        est, _ = estimate_from_units(units, b)
+        tr_sum += est.trace_sigma
+        g2_sum += est.grad_sq_norm
+    assert abs(tr_sum / g2_sum / truth - 1) < 0.10
+
+
+# ------------------------------------------------------------------------------------ recommendation
+def test_recommendation_waits_and_respects_bounds():
+    st = GNSState(beta=0.9)
+    assert math.isnan(recommend_batch(st, 16, 4, 4, 256).batch)
+    gen = torch.Generator().manual_seed(18)
+    for _ in range(60):  # B_simple = 64 with a batch of 16 -> wants 64, capped at 2 x 16 = 32 per change
+        st.update(estimate_from_units(constant_gradient_units(64, gen, 4.0), 4)[0])
+    rec = recommend_batch(st, 16, 4, 4, 256)
+    assert rec.batch == 32.0 and rec.reason == "ok"

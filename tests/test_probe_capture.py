@@ -1,0 +1,153 @@
+"""T1: the hooks against brute force on the real tiny model with LoRA (float64), and the probes' unit
+accounting through the trainer (T4 loss scale, P2 measured before clipping, P6 hooks only on training
+backwards)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+from rl_training.models import trainable_parameters
+from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
+from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
+from rl_training.probes.probe import StepProbes
+from rl_training.rollout.base import Rollouts
+from rl_training.trainer import UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
+from tests.helpers import G, fake_rollouts, lora_policy
+
+N_GROUPS = 4
+
+
+def subset(ro: Rollouts, groups: list[int]) -> Rollouts:
+    rows = [g * G + i for g in groups for i in range(G)]
+    return Rollouts(
+        *[[getattr(ro, f)[r] for r in rows] for f in ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts")]
+    )
+
+
+def one_micro_batch(ro, adv, groups):
+    rows = [g * G + i for g in groups for i in range(G)]
+    return make_micro_batches(subset(ro, groups), adv[rows], G, len(groups), 0, torch.device("cpu"))[0]
+
+
+def backward(model, mb, norm):
+    logp = token_logprobs(forward_logits(model, mb), mb.targets)
+    policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2).loss.backward()
+
+
+def flat_grad(params):
+    return torch.cat([p.grad.reshape(-1) for p in params]).clone()
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    model = lora_policy(tiny_model, seed=1)
+    ro = fake_rollouts(N_GROUPS, seed=7)
+    adv = torch.tensor([0.7, -0.7, 0.2, -0.2, 1.0, -1.0, -0.4, 0.4], dtype=torch.float64)
+    norm = StepNorm(seqs=N_GROUPS * G, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    return model, ro, adv, norm
+
+
+def test_t1_hooks_match_brute_force_per_group_gradients(setup):
+    model, ro, adv, norm = setup
+    params = trainable_parameters(model)
+    h = []  # brute force: each group's gradient from its own backward
+    for j in range(N_GROUPS):
+        model.zero_grad(set_to_none=True)
+        backward(model, one_micro_batch(ro, adv, [j]), norm)
+        h.append(flat_grad(params))
+    micro, units = MicroGradCapture(params), LoraUnitCapture(model)
+    try:
+        model.zero_grad(set_to_none=True)
+        sizes, got_micro, got_units = [[0], [1, 2, 3]], [], []  # unequal micro-batches
+        for groups in sizes:
+            with micro.capture(), units.capture(len(groups)):
+                backward(model, one_micro_batch(ro, adv, groups), norm)
+            assert micro.calls == len(params)  # (d) one hook call per trainable tensor per backward
+            got_micro.append(micro.sq_norm.item())
+            got_units += units.unit_sq_norms.tolist()
+        # (a) exact per-unit norms; (b) per-micro norms of the summed gradients; (c) .grad is the sum
+        for j in range(N_GROUPS):
+            assert got_units[j] == pytest.approx(h[j].pow(2).sum().item(), rel=1e-9)
+        assert got_micro[0] == pytest.approx(h[0].pow(2).sum().item(), rel=1e-9)
+        assert got_micro[1] == pytest.approx((h[1] + h[2] + h[3]).pow(2).sum().item(), rel=1e-9)
+        torch.testing.assert_close(flat_grad(params), sum(h), rtol=1e-10, atol=1e-14)
+        assert min(got_units) > 0
+    finally:
+        micro.remove()
+        units.remove()
+
+
+def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0.0, kl_coef=0.0):
+    params = trainable_parameters(model)
+    probes = StepProbes(
+        model,
+        params,
+        levels=["unit", "micro"],
+        ema_beta=0.9,
+        units_per_step=N_GROUPS,
+        world_size=1,
+        micro_batch_groups=groups_per_micro,
+        device=torch.device("cpu"),
+    )
+    try:
+        opt = torch.optim.SGD(params, lr=0.0)
+        mbs = make_micro_batches(ro, adv, G, groups_per_micro, 0, torch.device("cpu"))
+        probes.begin_step(G, N_GROUPS)
+        train_on_rollouts(
+            model,
+            opt,
+            torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+            params,
+            mbs,
+            UpdateHParams(max_grad_norm=max_grad_norm, kl_coef=kl_coef),
+            norm,
+            probes,
+        )
+        return probes
+    finally:
+        probes.remove_hooks()
+
+
+def test_probe_unit_accounting_matches_the_estimator_on_brute_force_units(setup):
+    model, ro, adv, norm = setup
+    params = trainable_parameters(model)
+    h = []
+    for j in range(N_GROUPS):
+        model.zero_grad(set_to_none=True)
+        backward(model, one_micro_batch(ro, adv, [j]), norm)
+        h.append(flat_grad(params))
+    # One rank, U = 4 units: gamma_j = U h_j, G_B = sum_j h_j = mean_j gamma_j; b = 1, c = 1/U.
+    gamma = [N_GROUPS * x for x in h]
+    q = sum(h).pow(2).sum().item()
+    expect_unit = two_batch_estimate(SmallBatchSums(sum(g.pow(2).sum().item() for g in gamma), 4, 4.0, 4 / 16), q)
+    # micro-batches of 2 groups: g_k = mean of its gammas, b = 2, c = 2/4
+    micro_means = [(gamma[0] + gamma[1]) / 2, (gamma[2] + gamma[3]) / 2]
+    expect_micro = two_batch_estimate(
+        SmallBatchSums(sum(m.pow(2).sum().item() for m in micro_means), 2, 1.0, 2 * 0.25 / 2), q
+    )
+    probes = run_step_with_probes(model, ro, adv, norm, groups_per_micro=2)
+    for level, expect in (("unit", expect_unit), ("micro", expect_micro)):
+        got = probes.tracker.last[level]
+        for field in ("trace_sigma", "grad_sq_norm", "s_bar", "q", "a", "beta"):
+            assert getattr(got, field) == pytest.approx(getattr(expect, field), rel=1e-9), (level, field)
+    assert probes.hook_errors == 0
+
+
+def test_loss_scale_and_clipping_leave_b_simple_unchanged(setup):
+    model, ro, adv, norm = setup
+    base = run_step_with_probes(model, ro, adv, norm, 2).tracker.last["unit"]
+    scaled = run_step_with_probes(model, ro, 3 * adv, norm, 2).tracker.last["unit"]  # Dr-GRPO: loss x 3
+    # 1e-6, not 1e-12: Qwen2RMSNorm computes in float32 even in a float64 model, so backward is float32-exact.
+    assert scaled.trace_sigma == pytest.approx(9 * base.trace_sigma, rel=1e-6)
+    assert scaled.grad_sq_norm == pytest.approx(9 * base.grad_sq_norm, rel=1e-6)
+    clipped = run_step_with_probes(model, ro, adv, norm, 2, max_grad_norm=1e-6).tracker.last["unit"]
+    assert clipped.q == pytest.approx(base.q, rel=1e-12)  # measured before clip_grad_norm_ rescales .grad
+
+
+def test_hooks_ignore_the_reference_forward(setup):
+    model, ro, adv, norm = setup
+    probes = run_step_with_probes(model, ro, adv, norm, 2, kl_coef=0.1)  # adds the adapter-disabled forward
+    assert probes.hook_errors == 0 and probes.tracker.last["unit"] is not None
