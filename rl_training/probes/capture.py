@@ -67,6 +67,11 @@ def lora_module_pairs(model) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
 
 
 class LoraUnitCapture:
+    # Pending (gradient, input) pairs are batched per shape and flushed at the end of the backward or when
+    # they exceed this many bytes: one bmm per shape instead of one per layer (the per-call overhead dominated
+    # on small models), with the extra memory bounded.
+    FLUSH_BYTES = 64 * 2**20
+
     def __init__(self, model):
         self.pairs = lora_module_pairs(model)
         if not self.pairs:
@@ -74,36 +79,44 @@ class LoraUnitCapture:
         self._armed = False
         self._acc: torch.Tensor | None = None
         self._groups = 0
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pending_bytes = 0
         self._handles = []
         for a, b in self.pairs:
-            self._handles.append(a.register_forward_hook(self._on_a))
-            self._handles.append(b.register_forward_hook(self._on_b))
+            self._handles.append(a.register_forward_hook(self._on_forward))
+            self._handles.append(b.register_forward_hook(self._on_forward))
 
-    def _per_group(self, grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-        # grad [B,T,out], inp [B,T,in] with B = groups x G rows, group by group. A group's weight gradient is
-        # sum over its rows and positions of grad^T inp: one contraction per group over its G*T positions.
-        # float32 products and squares (GNS_ESS.md P3), float64 accumulation across layers.
-        if grad.dim() != 3:
-            raise RuntimeError("per-unit capture needs [batch, time, features] activations")
-        n = self._groups
-        g, x = grad.reshape(n, -1, grad.shape[-1]), inp.reshape(n, -1, inp.shape[-1])
-        if g.dtype in (torch.float16, torch.bfloat16):
-            g, x = g.float(), x.float()
-        per_group = torch.bmm(g.transpose(1, 2), x)  # [n, out, in]
-        return torch.linalg.vector_norm(per_group, dim=(1, 2)).square()
-
-    def _on_a(self, module, inputs, output) -> None:
+    def _on_forward(self, module, inputs, output) -> None:
+        # lora_A: output u, input x -> grad_A = sum_t du_t^T x_t ; lora_B: output v, input u -> grad_B = sum dv^T u
         if self._armed and output.requires_grad:
             x = inputs[0].detach()
-            output.register_hook(lambda g: self._add(self._per_group(g, x)))
+            output.register_hook(lambda g: self._stash(g, x))
 
-    def _on_b(self, module, inputs, output) -> None:
-        if self._armed and output.requires_grad:
-            u = inputs[0].detach()
-            output.register_hook(lambda g: self._add(self._per_group(g, u)))
+    def _stash(self, grad: torch.Tensor, inp: torch.Tensor) -> None:
+        if grad.dim() != 3:
+            raise RuntimeError("per-unit capture needs [batch, time, features] activations")
+        self._pending.append((grad.detach(), inp))
+        self._pending_bytes += grad.numel() * grad.element_size() + inp.numel() * inp.element_size()
+        if self._pending_bytes > self.FLUSH_BYTES:
+            self._flush()
 
-    def _add(self, v: torch.Tensor) -> None:
-        self._acc += v  # float64 accumulator across layers
+    def _flush(self) -> None:
+        """Per-group squared norms of every pending weight gradient, one batched bmm per shape."""
+        n = self._groups
+        by_shape: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for g, x in self._pending:
+            by_shape.setdefault((tuple(g.shape), tuple(x.shape), g.dtype), []).append((g, x))
+        for items in by_shape.values():
+            g = torch.stack([it[0] for it in items])  # [L, B, T, out]
+            x = torch.stack([it[1] for it in items])  # [L, B, T, in]
+            if g.dtype in (torch.float16, torch.bfloat16):
+                g, x = g.float(), x.float()
+            L = g.shape[0]
+            g = g.reshape(L * n, -1, g.shape[-1])  # rows are group by group: each group's G*T positions
+            x = x.reshape(L * n, -1, x.shape[-1])
+            per_group = torch.bmm(g.transpose(1, 2), x)  # [L*n, out, in]
+            self._acc += torch.linalg.vector_norm(per_group, dim=(1, 2)).square().view(L, n).sum(0)
+        self._pending, self._pending_bytes = [], 0
 
     @contextmanager
     def capture(self, n_groups: int):
@@ -115,6 +128,7 @@ class LoraUnitCapture:
             yield self
         finally:
             self._armed = False
+            self._flush()
 
     @property
     def unit_sq_norms(self) -> torch.Tensor:
