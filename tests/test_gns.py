@@ -249,3 +249,12 @@ def test_recommendation_waits_and_respects_bounds():
         st.update(estimate_from_units(constant_gradient_units(64, gen, 4.0), 4)[0])
     rec = recommend_batch(st, 16, 4, 4, 256)
     assert rec.batch == 32.0 and rec.reason == "ok"
+
+
+def test_s4_standard_error_is_calibrated():
+    # Across 200 seeds, |B_simple_ema / 64 - 1| <= 2 rel_se should hold for 85-99% of runs (GNS_ESS.md S4).
+    hits = 0
+    for seed in range(200):
+        bs, _, st = run_ratio_of_sums(150, [4] * 8, 4.0, seed=1000 + seed, beta=0.95)
+        hits += abs(bs / 64 - 1) <= 2 * st.b_simple_rel_se
+    assert 0.85 <= hits / 200 <= 0.99
