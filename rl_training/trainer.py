@@ -1,4 +1,4 @@
-"""One RL update: rollouts -> micro-batches -> Dr-GRPO loss -> accumulated, all-reduced, clipped step.
+"""One RL update: rollouts -> micro-batches -> the objective's loss -> accumulated, all-reduced, clipped step.
 
 Old log-probs come for free and exactly: the first inner epoch's forward passes run on the weights before
 any update of this step, which is the policy the PPO ratio compares against. Their detached values are
