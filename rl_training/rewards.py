@@ -9,8 +9,8 @@ Graders
   handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
   The reference is a bare final answer (data/sources.py normalises it), so it is parsed as the content of
   a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. A
-  completion that commits to '#### N' (and has no \\boxed) is graded on the text after its last '####' up
-  to the end of that line, so numbers in text generated after the answer do not replace it.
+  completion that commits to '#### N' (and has no \\boxed) is graded on the text after its last '#### N'
+  up to the end of that line, so numbers in text generated after the answer do not replace it.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -36,7 +36,9 @@ def _mv_parse(text: str):
     return parse(text, parsing_timeout=None)
 
 
-_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([^\n]*)")
+# '#### N' as GSM8K writes it: the line must start like an answer (digit, sign, '.', '$', '\\', '('), so a
+# markdown heading such as '#### Step 2: ...' is not taken for one.
+_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$\\(\d][^\n]*)")
 
 
 def math_gold(reference: str) -> list:
@@ -50,11 +52,12 @@ def math_gold(reference: str) -> list:
 
 def math_answer(completion: str) -> list:
     """The parsed final answer of a completion: the last \\boxed{} (math-verify prefers it), else the line
-    after the last '####', else whatever math-verify extracts from the whole text (empty when nothing)."""
+    after the last '#### N', else whatever math-verify extracts from the whole text (empty when nothing)."""
     if "\\boxed" not in completion and "\\fbox" not in completion:
-        marked = [m for m in _HASH_ANSWER.findall(completion) if m.strip()]
-        if marked:
-            return _mv_parse(marked[-1])
+        marked = _HASH_ANSWER.findall(completion)
+        answer = _mv_parse(marked[-1]) if marked else []
+        if answer:
+            return answer
     return _mv_parse(completion)
 
 

@@ -212,6 +212,8 @@ def test_eval_config_checks_k_against_samples():
         ("#### 72\n\nQuestion: Tom has 99 marbles", "72", 1.0),  # text generated after the answer
         ("So 72 is wrong, it is 73\n#### 73\nDone after 2 checks", "72", 0.0),
         ("#### 72.00", "72", 1.0),
+        ("#### Step 1: 70 + 2\nSo the total is 72", "72", 1.0),  # a markdown heading is not '#### N'
+        ("#### Final answer\nThe answer is 72", "72", 1.0),
         ("I don't know", "72", 0.0),
     ],
 )
@@ -531,12 +533,18 @@ def test_evals_run_gsm8k_and_math500_formats(trained_run, capsys):
 
 
 @pytest.mark.slow
-def test_evals_run_with_vllm_matches_hf_and_is_seeded(trained_run, capsys):
+def test_evals_run_with_vllm_matches_hf_and_is_seeded(trained_run, monkeypatch):
+    # No capsys here: vLLM's logger keeps the stream it first sees, and capsys closes its stream afterwards.
     from evals import run as evals_run
+    from rl_training.rollout import base
 
+    built = []
+    real_build = base.build_backend
+    monkeypatch.setattr(base, "build_backend", lambda *a: built.append(real_build(*a)) or built[-1])
     args = ["--run-dir", str(trained_run), "--backend", "vllm", "--name", "vllm", "vllm.kv_cache_gb=0.1"]
     assert evals_run.main(args) == 0
-    assert "built the vllm engine once for 3 evaluations" in capsys.readouterr().out
+    assert [b.name for b in built] == ["vllm"]  # one engine for the 3 evaluations (steps 0, 1, 2)
+    assert [b.weight_version for b in built] == [4]  # its build-time sync + one sync per evaluation
     vl, hf = trained_run / "eval" / "vllm", trained_run / "eval" / "reverse_heldout"
     first = {s: json.loads((vl / f"step_{s:06d}.json").read_text())["metrics"] for s in (0, 1, 2)}
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf"]) == 0  # a no-op after the e2e test
