@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup demo test test-fast quality format tiny train sft bench tensorboard config-ref clean
+.PHONY: setup demo test test-fast quality format tiny train sft bench eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -39,6 +39,11 @@ train: sft
 
 bench: sft
 	$(PY) scripts/bench.py --cfg $(CFG)
+
+# Every checkpoint of a run + its step-0 base model: RUN/eval/ (JSON, per-problem jsonl, summary.csv, plots).
+RUN ?= runs/tiny_cpu
+eval: setup
+	$(PY) -m evals.run --run-dir $(RUN)
 
 tensorboard:
 	.venv/bin/tensorboard --logdir runs --bind_all

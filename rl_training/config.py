@@ -111,7 +111,7 @@ class VllmCfg:
         le=1,
     )
     max_model_len: int = _f(
-        0, "Longest prompt + completion; 0 = data.max_prompt_tokens + rollout.max_new_tokens.", ge=0
+        0, "Longest prompt + completion; 0 = data.max_prompt_tokens + max(rollout, eval).max_new_tokens.", ge=0
     )
     kv_cache_gb: float = _f(
         0.0,
@@ -182,8 +182,18 @@ class CkptCfg:
 
 @dataclass
 class EvalCfg:
+    every: int = _f(0, "In-loop held-out eval (data.eval) every N steps and at the last step; 0 = off.", ge=0)
     num_prompts: int = _f(64, "Held-out prompts scored by the demo / in-loop eval (0 = all).", ge=0)
     max_new_tokens: int = _f(32, "Generation limit at eval.", ge=1)
+    num_samples: int = _f(
+        8, "Sampled completions per problem for pass@k / maj@k (n >= every k; 0 = greedy only).", ge=0
+    )
+    ks: list[int] = _f([1, 4, 8], "k values of pass@k and maj@k (each 1 <= k <= num_samples).")
+    temperature: float = _f(1.0, "Sampling temperature of the pass@k / maj@k samples.", gt=0)
+    top_p: float = _f(1.0, "Nucleus sampling mass of the eval samples.", gt=0, le=1)
+    seed: int = _f(
+        1234, "Eval sampling seed (problem i uses seed + i): every checkpoint draws with the same seeds.", ge=0
+    )
 
 
 @dataclass
@@ -388,6 +398,12 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
+    bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
+    if bad_k:
+        raise ConfigError(
+            f"{where}eval.ks={cfg.eval.ks}: k={bad_k[0]} is outside 1..eval.num_samples={cfg.eval.num_samples} "
+            "(pass@k and maj@k need n >= k samples per problem)"
+        )
     return cfg
 
 

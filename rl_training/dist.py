@@ -113,6 +113,15 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+def all_gather_objects(obj) -> list:
+    """Every rank's `obj` (picklable), in rank order; [obj] in a world of one."""
+    if not is_dist():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def print0(*args, **kwargs) -> None:
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs, flush=True)

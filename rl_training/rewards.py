@@ -7,6 +7,10 @@ scorer counts it and the run goes on.
 Graders
 - `math_reward`: math-verify (HF) equivalence of the completion's final answer with the reference. It
   handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
+  The reference is a bare final answer (data/sources.py normalises it), so it is parsed as the content of
+  a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. A
+  completion that commits to '#### N' (and has no \\boxed) is graded on the text after its last '#### N'
+  up to the end of that line, so numbers in text generated after the answer do not replace it.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -32,11 +36,36 @@ def _mv_parse(text: str):
     return parse(text, parsing_timeout=None)
 
 
+# '#### N' as GSM8K writes it: the line must start like an answer (digit, sign, '.', '$', '\\', '('), so a
+# markdown heading such as '#### Step 2: ...' is not taken for one.
+_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$\\(\d][^\n]*)")
+
+
+def math_gold(reference: str) -> list:
+    """The parsed reference: read as the content of a \\boxed{} (see the module docstring)."""
+    if "\\boxed" not in reference:
+        gold = _mv_parse(f"\\boxed{{{reference}}}")
+        if gold:
+            return gold
+    return _mv_parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
+
+
+def math_answer(completion: str) -> list:
+    """The parsed final answer of a completion: the last \\boxed{} (math-verify prefers it), else the line
+    after the last '#### N', else whatever math-verify extracts from the whole text (empty when nothing)."""
+    if "\\boxed" not in completion and "\\fbox" not in completion:
+        marked = _HASH_ANSWER.findall(completion)
+        answer = _mv_parse(marked[-1]) if marked else []
+        if answer:
+            return answer
+    return _mv_parse(completion)
+
+
 def math_reward(completion: str, reference: str) -> float:
     from math_verify import verify
 
-    gold = _mv_parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
-    pred = _mv_parse(completion)
+    gold = math_gold(reference)
+    pred = math_answer(completion)
     if not gold or not pred:
         return 0.0
     return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
@@ -63,18 +92,57 @@ def reverse_has_answer(completion: str) -> bool:
     return bool(pred) and pred.isalpha()
 
 
+# ------------------------------------------------------------------------------------ answers for voting
+AnswerClassesFn = Callable[[Sequence[str], float], list]
+
+
+def exact_answer_classes(completions: Sequence[str], timeout_s: float = 5.0) -> list[int | None]:
+    """Voting classes by the stripped completion (the reversal task's answer); empty = no answer (None)."""
+    ids: dict[str, int] = {}
+    out: list[int | None] = []
+    for c in completions:
+        key = c.strip()
+        out.append(ids.setdefault(key, len(ids)) if key else None)
+    return out
+
+
+def math_answer_classes(completions: Sequence[str], timeout_s: float = 5.0) -> list[int | None]:
+    """Voting classes by math-verify equivalence of the final answers `math_reward` grades: each answer
+    joins the first earlier class whose representative it verifies equal to. No answer, or a parse that
+    fails or times out, is None (it does not vote)."""
+    from math_verify import verify
+
+    reps: list = []
+    out: list[int | None] = []
+    for c in completions:
+        pred = _guarded(lambda c=c: math_answer(c), timeout_s, default=[])
+        if not pred:
+            out.append(None)
+            continue
+        for i, rep in enumerate(reps):
+            if _guarded(lambda rep=rep, pred=pred: verify(rep, pred, timeout_seconds=None), timeout_s, False):
+                out.append(i)
+                break
+        else:
+            reps.append(pred)
+            out.append(len(reps) - 1)
+    return out
+
+
 @dataclass(frozen=True)
 class Task:
-    """What a data format means for scoring: the reward, the format check, and 'correct'."""
+    """What a data format means for scoring: the reward, the format check, 'correct', and which sampled
+    answers count as the same vote (maj@k)."""
 
     reward: RewardFn
     has_answer: Callable[[str], bool]
     correct_threshold: float = 1.0  # reward >= this counts as correct (accuracy)
+    answer_classes: AnswerClassesFn = exact_answer_classes
 
 
 TASKS: dict[str, Task] = {
-    "gsm8k": Task(math_reward, math_has_answer),
-    "math": Task(math_reward, math_has_answer),
+    "gsm8k": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
+    "math": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "reverse": Task(reverse_reward, reverse_has_answer),
 }
 
@@ -104,6 +172,17 @@ def _time_limit(seconds: float):
 
 
 _NO_RESULT = object()
+
+
+def _guarded(fn: Callable, timeout_s: float, default):
+    """fn() under the time limit; `default` if it times out or raises (math-verify on odd input)."""
+    try:
+        with _time_limit(timeout_s):
+            return fn()
+    except RewardTimeout:
+        return default
+    except Exception:  # noqa: BLE001 -- same policy as score_completions: a grader failure scores, never stops
+        return default
 
 
 @dataclass

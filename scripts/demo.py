@@ -43,9 +43,13 @@ def torchrun(script: str, cfg: str, overrides: list[str]) -> None:
 
 
 def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
+    """Greedy and sampled (4 per prompt, the training temperature, seed 1234 for both models) scores with the
+    eval pipeline's code: the training prompt template and grader (evals/evaluate.py)."""
     import torch
 
-    from evals.heldout import evaluate
+    from evals.evaluate import EvalSettings, evaluate_policy
+    from evals.metrics import summarize
+    from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
     from rl_training.models import load_base_model, load_tokenizer
     from rl_training.rewards import TASKS
@@ -61,20 +65,17 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
     examples = load_examples(
         cfg.data.eval, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=cfg.eval.num_prompts
     )
-    backend = HFBackend(model.eval(), tok)
-    task, n_tok = TASKS[cfg.data.format], cfg.eval.max_new_tokens
-    greedy = evaluate(backend, tok, examples, cfg.data, task, n_tok, greedy=True)
-    torch.manual_seed(1234)  # the same sampling stream for both models
-    sampled = evaluate(
-        backend, tok, examples, cfg.data, task, n_tok, greedy=False, n=4, temperature=cfg.rollout.temperature
-    )
+    prompts = encode_prompts(examples, cfg.data, tok)
+    settings = EvalSettings(cfg.eval.max_new_tokens, 4, (1,), cfg.rollout.temperature, 1.0, 1234, cfg.reward.timeout_s)
+    records, _ = evaluate_policy(HFBackend(model.eval(), tok), prompts, examples, TASKS[cfg.data.format], settings)
+    m = summarize(records, settings.ks)
     return {
-        "greedy_reward": greedy.mean_reward,
-        "greedy_accuracy": greedy.accuracy,
-        "sampled_reward": sampled.mean_reward,
-        "sampled_accuracy": sampled.accuracy,
-        "format_rate": greedy.format_rate,
-        "examples": [(e.question, c, e.reference) for e, c in zip(examples[:4], greedy.completions, strict=False)],
+        "greedy_reward": m["reward_mean"],
+        "greedy_accuracy": m["accuracy"],
+        "sampled_reward": m["sampled_reward_mean"],
+        "sampled_accuracy": m["pass@1"],  # mean correctness of all samples
+        "format_rate": m["format_rate"],
+        "examples": [(r["question"], r["greedy"]["text"], r["reference"]) for r in records[:4]],
     }
 
 

@@ -55,7 +55,10 @@ class VLLMBackend:
         v = cfg.vllm
         self.on_cuda = dist_info.device.type == "cuda"
         self.sleep_enabled = bool(v.sleep and self.on_cuda)
-        max_len = v.max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+        # Room for the longer of the two generation limits: the in-loop eval generates on this engine too.
+        max_len = v.max_model_len or cfg.data.max_prompt_tokens + max(
+            cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens
+        )
         kwargs = dict(
             model=cfg.model.name_or_path,
             tokenizer=cfg.model.name_or_path,

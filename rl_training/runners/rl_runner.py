@@ -7,7 +7,8 @@
 
 Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
 Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
-backend -> log -> checkpoint. Outputs go to run.output_dir/run.name (see README, "Outputs").
+backend -> in-loop eval every `eval.every` steps (evals/evaluate.py, the code `python -m evals.run` uses)
+-> log -> checkpoint. Outputs go to run.output_dir/run.name (see README, "Outputs").
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from evals.evaluate import InLoopEval
 from rl_training import dist
 from rl_training.checkpoint import load_checkpoint, save_checkpoint
 from rl_training.cli import run_cli
@@ -61,6 +63,7 @@ class Run:
     hp: UpdateHParams
     probes: StepProbes | None
     start_step: int
+    evaluator: InLoopEval | None  # None when eval.every = 0
     alerts: dict = field(default_factory=dict)
 
 
@@ -102,6 +105,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     optimizer, scheduler = build_optimizer(params, cfg.optim, cfg.train.total_steps * cfg.train.inner_epochs)
     examples = load_examples(cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key)
     prompts = encode_prompts(examples, cfg.data, tokenizer)
+    evaluator = InLoopEval(cfg, tokenizer, info, d.run_dir) if cfg.eval.every else None
     sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
     seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
     start_step, resumed_state = 0, {}
@@ -141,6 +145,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         hp,
         build_probes(cfg, d, model, params, info, resumed_state),
         start_step,
+        evaluator,
     )
 
 
@@ -184,6 +189,13 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         mean_group_tokens = metrics["rollout/response_len_mean"] * G
         metrics.update(run.probes.metrics(metrics["rollout/zero_adv_group_frac"], mean_group_tokens))
     return {**metrics, **run.backend.metrics()}
+
+
+def maybe_eval(run: Run, step: int) -> dict[str, float]:
+    """eval/* metrics of the held-out set at `step` (completed steps) when due, else {}. Collective."""
+    if run.evaluator is None or not run.evaluator.due(step):
+        return {}
+    return run.evaluator(run.backend, step)
 
 
 def sampling_seed(seed: int, rank: int, step: int) -> int:
@@ -232,7 +244,7 @@ def train(run: Run) -> None:
     )
     every = run.cfg.ckpt.every
     for step in range(run.start_step, total):
-        metrics = rl_step(run, step)
+        metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
         run.logger.log(step + 1, metrics)
         report_alerts(run, metrics, step + 1)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")

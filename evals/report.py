@@ -1,0 +1,136 @@
+"""What `python -m evals.run` makes from the per-checkpoint results: summary.csv, PNG plots, TensorBoard scalars.
+
+Everything is rebuilt from the step_NNNNNN.json files of one eval directory, so a re-run that evaluates
+only new checkpoints still produces complete tables and curves.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+# Plots: (file stem, title, metric keys drawn in it). `{k}` expands to one line per k.
+PLOTS = [
+    ("accuracy", "greedy accuracy", ["accuracy"]),
+    ("pass_at_k", "pass@k (sampled)", ["pass@{k}"]),
+    ("maj_at_k", "maj@k (sampled)", ["maj@{k}"]),
+    ("reward_mean", "mean reward", ["reward_mean", "sampled_reward_mean"]),
+    ("format_rate", "format rate", ["format_rate", "sampled_format_rate"]),
+    ("response_len_mean", "mean response length (tokens)", ["response_len_mean", "sampled_response_len_mean"]),
+    ("truncation_rate", "truncation rate", ["truncation_rate", "sampled_truncation_rate"]),
+]
+PERF_COLUMNS = ["problems_per_s", "eval_s", "generate_s", "score_s", "load_s", "sync_s", "gen_tokens_per_s"]
+
+
+def load_results(out_dir: Path, settings: dict | None = None) -> tuple[list[dict], list[int]]:
+    """(results sorted by step, steps ignored because they were made with other settings)."""
+    results, other = [], []
+    for path in sorted(Path(out_dir).glob("step_*.json")):
+        r = json.loads(path.read_text())
+        if settings is not None and r["settings"] != settings:
+            other.append(r["step"])
+        else:
+            results.append(r)
+    return sorted(results, key=lambda r: r["step"]), other
+
+
+def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Path) -> None:
+    """One row per step: the metrics, throughput and timing, backend and dtype."""
+    header = ["step", *columns, "num_problems", *PERF_COLUMNS, "backend", "dtype", "checkpoint"]
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        for r in results:
+            m, t = r["metrics"], r["timing"]
+            w.writerow(
+                [
+                    r["step"],
+                    *(_fmt(m.get(c)) for c in columns),
+                    r["num_problems"],
+                    *(_fmt(t.get(c)) for c in PERF_COLUMNS),
+                    r["backend"],
+                    r["dtype"],
+                    r.get("checkpoint") or "base",
+                ]
+            )
+
+
+def _fmt(x) -> str:
+    return "" if x is None else f"{x:.6g}"
+
+
+def _expand(keys: Sequence[str], ks: Sequence[int]) -> list[str]:
+    return [k.format(k=kk) for k in keys for kk in (ks if "{k}" in k else [None])]
+
+
+def write_plots(results: Sequence[dict], ks: Sequence[int], plot_dir: Path, title: str) -> list[Path]:
+    """One PNG per metric family against step, plus overview.png with all of them (matplotlib, Agg)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    steps = [r["step"] for r in results]
+    panels = [(stem, name, [k for k in _expand(keys, ks) if k in results[0]["metrics"]]) for stem, name, keys in PLOTS]
+    panels = [p for p in panels if p[2]]
+
+    def draw(ax, name, keys):
+        for key in keys:
+            ax.plot(steps, [r["metrics"][key] for r in results], marker="o", markersize=3, label=key)
+        ax.set_title(name, fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+
+    written = []
+    for stem, name, keys in panels:
+        fig = Figure(figsize=(4.5, 3.2), dpi=100)
+        FigureCanvasAgg(fig)
+        draw(fig.add_subplot(), name, keys)
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        fig.savefig(plot_dir / f"{stem}.png")
+        written.append(plot_dir / f"{stem}.png")
+    cols = 4
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(3.6 * cols, 2.8 * rows), dpi=80)
+    FigureCanvasAgg(fig)
+    for i, (_, name, keys) in enumerate(panels):
+        draw(fig.add_subplot(rows, cols, i + 1), name, keys)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(plot_dir / "overview.png")
+    return [*written, plot_dir / "overview.png"]
+
+
+class TensorBoardScalars:
+    """eval/<name>/<metric> scalars written into the run's own tb/ directory at each checkpoint's step.
+
+    A second SummaryWriter on the training log's directory adds its own event file; TensorBoard merges the
+    files of a directory, so eval and training curves appear in one run.
+    """
+
+    def __init__(self, tb_dir: Path | None, name: str):
+        self.prefix = f"eval/{name}/"
+        self.writer = None
+        if tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(tb_dir))
+
+    def add(self, step: int, metrics: dict[str, float], timing: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        for k, v in metrics.items():
+            self.writer.add_scalar(self.prefix + k, v, step)
+        self.writer.add_scalar(self.prefix + "problems_per_s", timing["problems_per_s"], step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

@@ -1,0 +1,404 @@
+"""Evaluate a run's checkpoints, and the step-0 base model, on a held-out set: accuracy, pass@k, maj@k, plots.
+
+    python -m evals.run --run-dir runs/tiny_cpu                         # every checkpoint + step 0
+    python -m evals.run --run-dir runs/tiny_cpu --steps 50,100 --backend hf --k 1,4,8 --n 8
+    python -m evals.run --run-dir runs/qwen --dataset data/gsm8k/test.jsonl --format gsm8k
+    python -m evals.run --run-dir runs/qwen --dataset HuggingFaceH4/MATH-500@test --format math \\
+        --question-key problem --answer-key answer data.max_prompt_tokens=1024
+    python -m evals.run --run-dir runs/tiny_cpu vllm.kv_cache_gb=0.1   # key=value: any config key but model/lora
+
+Each checkpoint's base model, adapter shape and prompt template come from its own saved config.yaml
+(checkpoints that disagree on them are refused: evaluate them in separate calls). The policy and the
+rollout engine are built once; each checkpoint's adapter is loaded into the same peft model and, with
+vLLM, pushed into the live engine (`sync_weights`), so there is no rebuild per checkpoint. Step 0 is the
+same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.e. the base model.
+
+Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
+problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
+summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard
+scalars eval/NAME/<metric> in RUN/tb. A step whose JSON exists with the same settings is not evaluated
+again unless --redo. A missing or corrupt checkpoint is reported in one line and skipped, the others are
+evaluated, and the exit status is 3. Bad input: one-line error, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evals.evaluate import EvalSettings, evaluate_policy, step_name, write_step_result
+from evals.metrics import metric_names, summarize
+from evals.report import TensorBoardScalars, load_results, write_plots, write_summary_csv
+from rl_training import dist
+from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
+from rl_training.config import Config, ConfigError, load_config
+from rl_training.data.prompts import encode_prompts
+from rl_training.data.sources import load_examples
+from rl_training.errors import USER_ERRORS
+from rl_training.models import load_tokenizer
+from rl_training.rewards import TASKS
+from rl_training.rollout.base import resolve_backend_name
+
+EXIT_SKIPPED = 3
+ADAPTER_FILE = "adapter/adapter_model.safetensors"
+# What must be the same for every checkpoint of one call: the policy being built and how it is prompted.
+IDENTITY = [
+    "model.name_or_path",
+    "model.dtype",
+    "model.trust_remote_code",
+    "lora.r",
+    "lora.alpha",
+    "lora.target_modules",
+    "data.prompt_template",
+    "data.system_prompt",
+    "data.use_chat_template",
+    "data.eval",
+    "data.format",
+    "data.question_key",
+    "data.answer_key",
+]
+
+
+@dataclass
+class Target:
+    step: int
+    path: Path | None  # None: the step-0 base model
+    cfg: Config | None = None
+
+
+def _get(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def cli_overrides(a: argparse.Namespace) -> list[str]:
+    """The flags as config overrides (validated like any key=value), then the user's key=value list."""
+    for ov in a.overrides:
+        if ov.startswith(("model.name_or_path=", "lora.")):
+            raise ConfigError(f"override '{ov}': the base model and adapter come from each checkpoint's config.yaml")
+    flags = {
+        "data.eval": a.dataset,
+        "data.format": a.format,
+        "data.question_key": a.question_key,
+        "data.answer_key": a.answer_key,
+        "eval.num_prompts": a.limit,
+        "rollout.backend": a.backend,
+        "eval.ks": None if a.k is None else f"[{a.k}]",
+        "eval.num_samples": a.n,
+        "eval.temperature": a.temperature,
+        "eval.top_p": a.top_p,
+        "eval.max_new_tokens": a.max_new_tokens,
+        "eval.seed": a.seed,
+    }
+    # The saved config may name a resume path that is meaningless here.
+    return ["ckpt.resume=none", *(f"{k}={v}" for k, v in flags.items() if v is not None), *a.overrides]
+
+
+def select_targets(run_dir: Path, steps: str, base: bool) -> tuple[list[Target], list[str]]:
+    """(targets, skip reports). 'all' = every checkpoint directory, complete or not (incomplete ones are
+    reported); a list names steps, and a step without a directory is reported."""
+    root = run_dir / "checkpoints"
+    found = {}
+    if root.is_dir():
+        found = {int(m.group(1)): p for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir()}
+    if steps == "all":
+        wanted = sorted(found)
+    else:
+        try:
+            wanted = sorted({int(s) for s in steps.split(",") if s.strip()})
+        except ValueError:
+            raise ConfigError(f"--steps {steps!r}: expected 'all' or comma-separated step numbers") from None
+    targets = [Target(0, None)] if base or 0 in wanted else []
+    skipped = []
+    for s in wanted:
+        if s == 0:
+            continue
+        if s in found:
+            targets.append(Target(s, found[s]))
+        else:
+            skipped.append(f"{root / step_name(s)}: no such checkpoint")
+    return targets, skipped
+
+
+def checkpoint_config(path: Path, overrides: list[str]) -> Config:
+    """The checkpoint's own config with the call's overrides; CheckpointError when it is not usable."""
+    if not (path / COMPLETE).exists():
+        raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker)")
+    for name in ("config.yaml", ADAPTER_FILE):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path}: missing {name}")
+    try:
+        return load_config(path / "config.yaml", overrides)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
+
+
+def base_config(run_dir: Path, overrides: list[str]) -> Config:
+    """When no selected checkpoint is usable (e.g. --steps 0): the config of the first complete one."""
+    for _, path in list_checkpoints(run_dir):
+        try:
+            return checkpoint_config(path, overrides)
+        except CheckpointError:
+            continue
+    raise CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint (the base model comes from one)")
+
+
+def check_same_policy(targets: list[Target]) -> None:
+    if not targets:
+        return
+    first = targets[0]
+    for t in targets[1:]:
+        for key in IDENTITY:
+            if _get(t.cfg, key) != _get(first.cfg, key):
+                raise ConfigError(
+                    f"checkpoints disagree on {key}: {first.path} has {_get(first.cfg, key)!r}, {t.path} has "
+                    f"{_get(t.cfg, key)!r}; evaluate them in separate calls (--steps)"
+                )
+
+
+def load_adapter(model, path: Path) -> None:
+    """Load a checkpoint's adapter into the peft model in place; every LoRA tensor must be present and fit."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(path / ADAPTER_FILE))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path / ADAPTER_FILE}: unreadable ({e})") from None
+    expected = get_peft_model_state_dict(model)
+    missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    wrong = [k for k in expected.keys() & weights.keys() if weights[k].shape != expected[k].shape]
+    if missing or extra or wrong:
+        raise CheckpointError(
+            f"{path / ADAPTER_FILE}: does not fit the model (missing {missing[:2]}, unexpected {extra[:2]}, "
+            f"wrong shape {wrong[:2]})"
+        )
+    set_peft_model_state_dict(model, weights)
+
+
+def zero_adapter(model) -> None:
+    """Step 0: every LoRA B is 0, so each adapted layer adds exactly 0 to the base layer's output."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.zero_()
+
+
+def dataset_tag(spec: str) -> str:
+    p = Path(spec)
+    name = f"{p.parent.name}_{p.stem}" if p.suffix in (".jsonl", ".json", ".parquet") else spec.split("/")[-1]
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "eval"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, help="the run directory (holds checkpoints/)")
+    ap.add_argument("--steps", default="all", help="'all' or a list such as 100,200 (step 0 is always added)")
+    ap.add_argument("--no-base", action="store_true", help="do not evaluate the step-0 base model")
+    ap.add_argument("--dataset", help="jsonl/json/parquet path or `datasets` name[:config]@split (default data.eval)")
+    ap.add_argument("--format", choices=sorted(TASKS), help="task format of --dataset (default data.format)")
+    ap.add_argument("--question-key", help="record field of the question (default data.question_key)")
+    ap.add_argument("--answer-key", help="record field of the answer; math takes it as-is when it has no \\boxed")
+    ap.add_argument("--limit", type=int, default=0, help="first N problems only (0 = all)")
+    ap.add_argument("--backend", choices=["auto", "hf", "vllm"], help="default: the run's rollout.backend")
+    ap.add_argument("--k", help='pass@k / maj@k values, e.g. 1,4,8; "" with --n 0: greedy only (default eval.ks)')
+    ap.add_argument("--n", type=int, help="samples per problem, >= every k (default eval.num_samples)")
+    ap.add_argument("--temperature", type=float, help="sampling temperature (default eval.temperature)")
+    ap.add_argument("--top-p", type=float, help="default eval.top_p")
+    ap.add_argument("--max-new-tokens", type=int, help="default eval.max_new_tokens")
+    ap.add_argument("--seed", type=int, help="sampling seed (default eval.seed)")
+    ap.add_argument("--name", help="results directory RUN/eval/NAME (default: from the dataset)")
+    ap.add_argument("--redo", action="store_true", help="re-evaluate steps that already have results")
+    ap.add_argument("--chunk", type=int, default=64, help="problems per generate call (progress granularity)")
+    ap.add_argument("overrides", nargs="*", help="config overrides key=value (e.g. vllm.kv_cache_gb=0.1)")
+    return ap.parse_args(argv)
+
+
+def evaluate_run(a: argparse.Namespace) -> int:
+    run_dir = Path(a.run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir}: no such run directory")
+    info = dist.init_distributed()
+    if info.world_size > 1:
+        raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")
+    overrides = cli_overrides(a)
+    load_config(None, overrides)  # bad flags or overrides fail here, once, not as N skipped checkpoints
+    usable, skipped, cfg = usable_targets(run_dir, a.steps, not a.no_base, overrides)
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    d = cfg.data
+    examples = load_examples(d.eval, d.format, d.question_key, d.answer_key, limit=cfg.eval.num_prompts)
+    prompts = encode_prompts(examples, d, tokenizer)
+    es = EvalSettings.from_config(cfg)
+    settings = eval_settings(cfg, es, len(examples))
+    name = a.name or dataset_tag(d.eval)
+    out_dir = run_dir / "eval" / name
+    done, other = load_results(out_dir, settings)
+    if other and not a.redo:
+        raise ConfigError(
+            f"{out_dir} has results made with other settings (steps {other[:5]}); pass --redo to re-evaluate "
+            "the selected steps with these settings, or --name to write elsewhere"
+        )
+    done_steps = {r["step"] for r in done}
+    todo = [t for t in usable if a.redo or t.step not in done_steps]
+    for t in usable:
+        if t not in todo:
+            print(f"{step_name(t.step)}: already evaluated ({out_dir / step_name(t.step)}.json); --redo to redo")
+    n_skipped = len(skipped)
+    if todo:
+        n_skipped += run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, name, info, a.chunk)
+    results, other = load_results(out_dir, settings)
+    if other:
+        print(f"summary ignores steps {other}: evaluated with other settings")
+    if results:
+        report(results, es, settings, out_dir, f"{run_dir.name}: {name}")
+    return EXIT_SKIPPED if n_skipped else 0
+
+
+def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
+    """(targets to evaluate, skip reports, the config the policy is built from); prints the skips."""
+    targets, skipped = select_targets(run_dir, steps, base)
+    usable = []
+    for t in targets:
+        try:
+            if t.path is not None:
+                t.cfg = checkpoint_config(t.path, overrides)
+            usable.append(t)
+        except CheckpointError as e:
+            skipped.append(str(e))
+    for msg in skipped:
+        print(f"skip: {msg}", file=sys.stderr, flush=True)
+    with_cfg = [t for t in usable if t.cfg is not None]
+    check_same_policy(with_cfg)
+    cfg = with_cfg[0].cfg if with_cfg else base_config(run_dir, overrides)
+    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
+    for t in usable:
+        t.cfg = t.cfg or cfg
+    return usable, skipped, cfg
+
+
+def eval_settings(cfg: Config, es: EvalSettings, num_problems: int) -> dict:
+    """Everything besides the weights that decides the numbers; saved with each result, compared on re-runs."""
+    d = cfg.data
+    return {
+        "dataset": d.eval,
+        "format": d.format,
+        "question_key": d.question_key,
+        "answer_key": d.answer_key,
+        "num_problems": num_problems,
+        **dataclasses.asdict(es),
+        "ks": list(es.ks),
+        "backend": cfg.rollout.backend,
+        "base_model": cfg.model.name_or_path,
+        "dtype": cfg.model.dtype,
+        "prompt_template": d.prompt_template,
+        "use_chat_template": d.use_chat_template,
+        "system_prompt": d.system_prompt,
+    }
+
+
+def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, name, info, chunk) -> int:
+    """Build the policy and engine once, evaluate each target in turn; returns how many failed to load."""
+    from tqdm import tqdm
+
+    from rl_training.models import build_policy
+    from rl_training.rollout.base import build_backend
+    from rl_training.setup import seed_all, set_cpu_threads
+
+    set_cpu_threads()
+    seed_all(cfg.train.seed)
+    t0 = time.perf_counter()
+    _, model = build_policy(cfg, info.device)
+    model.eval()
+    backend = build_backend(cfg, model, tokenizer, info)
+    print(f"built the {backend.name} engine once for {len(todo)} evaluations in {time.perf_counter() - t0:.1f} s")
+    out_dir = run_dir / "eval" / name
+    tb = TensorBoardScalars(run_dir / "tb" if cfg.run.tensorboard else None, name)
+    bar = tqdm(
+        total=len(todo) * len(examples),
+        desc="eval",
+        unit="problem",
+        dynamic_ncols=True,
+        mininterval=0.1 if sys.stderr.isatty() else 30.0,
+    )
+    failed = 0
+    try:
+        for t in todo:
+            t_load = time.perf_counter()
+            try:
+                if t.path is None:
+                    zero_adapter(model)
+                else:
+                    load_adapter(model, t.path)
+            except CheckpointError as e:
+                bar.write(f"skip: {e}", file=sys.stderr)
+                bar.update(len(examples))
+                failed += 1
+                continue
+            t_sync = time.perf_counter()
+            backend.sync_weights(model)
+            t_eval = time.perf_counter()
+            task = TASKS[cfg.data.format]
+            records, timing = evaluate_policy(backend, prompts, examples, task, es, chunk=chunk, progress=bar.update)
+            timing = {"load_s": t_sync - t_load, "sync_s": t_eval - t_sync, **timing}
+            metrics = summarize(records, es.ks)
+            result = {
+                "step": t.step,
+                "checkpoint": None if t.path is None else str(t.path),
+                "num_problems": len(records),
+                "metrics": metrics,
+                "timing": timing,
+                "backend": backend.name,
+                "dtype": cfg.model.dtype,
+                "device": str(info.device),
+                "settings": settings,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+            write_step_result(out_dir, t.step, result, records)
+            tb.add(t.step, metrics, timing)
+            bar.write(f"{step_name(t.step)}: " + _one_line(metrics, timing))
+    finally:
+        bar.close()
+        tb.close()
+        backend.close()
+    return failed
+
+
+def _one_line(m: dict, t: dict) -> str:
+    keys = ["accuracy"] + [k for k in m if k.startswith(("pass@", "maj@"))] + ["format_rate", "truncation_rate"]
+    return "  ".join(f"{k} {m[k]:.3f}" for k in keys) + f"  ({t['problems_per_s']:.1f} problems/s)"
+
+
+def report(results, es, settings, out_dir, title) -> None:
+    columns = metric_names(es.ks, es.num_samples > 0)
+    write_summary_csv(results, columns, out_dir / "summary.csv")
+    subtitle = f"{title} | {settings['num_problems']} problems, n={es.num_samples}, T={es.temperature}"
+    plots = write_plots(results, es.ks, out_dir / "plots", f"{subtitle}, {settings['backend']}")
+    shown = ["accuracy"] + ([f"pass@{k}" for k in es.ks] + [f"maj@{k}" for k in es.ks] if es.num_samples else [])
+    print("\n" + f"{'step':>8}" + "".join(f"{k:>11}" for k in [*shown, "problems/s"]))
+    for r in results:
+        vals = [r["metrics"][k] for k in shown] + [r["timing"]["problems_per_s"]]
+        print(f"{r['step']:>8}" + "".join(f"{v:>11.3f}" for v in vals))
+    print(f"\nresults: {out_dir}/ (summary.csv, step_*.json, step_*.problems.jsonl); plots: {plots[-1]}")
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        return evaluate_run(a)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
