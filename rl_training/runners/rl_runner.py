@@ -21,7 +21,7 @@ import torch
 
 from evals.evaluate import InLoopEval
 from rl_training import dist
-from rl_training.checkpoint import load_checkpoint, save_checkpoint
+from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, to_yaml
 from rl_training.data.prompts import PromptSampler, encode_prompts
@@ -114,7 +114,9 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         start_step, resumed_state = restored.step, restored.trainer_state
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
+    rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
     backend = build_backend(cfg, model, tokenizer, info)
+    set_rng_state(rng)
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
