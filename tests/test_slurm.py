@@ -349,8 +349,8 @@ def test_stop_signal_checkpoints_and_the_chained_job_resumes(slurm_cluster, run_
 
 @pytest.mark.slow
 def test_time_limit_signal_from_slurm_stops_the_run_before_the_limit(slurm_cluster, run_overrides, tmp_path):
-    """No scancel: slurmctld itself sends the warning signal (--signal=B:USR1@100 with a 2 min limit, so
-    20-50 s into the job, on its 30 s timer), and the job ends with 75, not TIMEOUT."""
+    """No scancel: slurmctld itself sends the warning signal (--signal=B:USR1@100 with a 2 min limit: about
+    20 s into the job, by then the workers handle it), and the job ends with 75 before the limit, not TIMEOUT."""
     args = [*run_overrides, "train.total_steps=100000", "ckpt.every=0"]
     resources = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=2", "--signal=B:USR1@100"]
     t0 = time.monotonic()
