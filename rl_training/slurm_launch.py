@@ -3,9 +3,10 @@
     srun --ntasks-per-node=1 .venv/bin/python -m rl_training.slurm_launch -- --cfg cfg/x.yaml key=value ...
 
 What it does on each node, in this order:
-1. Ignores SIGUSR1/SIGUSR2. SLURM delivers the time-limit signal to every process of the job step, and
+1. Blocks SIGUSR1/SIGUSR2. SLURM delivers the time-limit signal to every process of the job step, and
    torchrun's agent would die on it (default action) and orphan its workers. The workers inherit the
-   ignore and install their own handler (rl_training/stopping.py).
+   blocked mask: a signal that reaches a worker before its handler exists stays pending until
+   rl_training/stopping.py installs the handler and unblocks it (ignoring it would lose it).
 2. Builds the workers' environment from an allow-list (ALLOW_EXACT, ALLOW_PREFIXES, plus RL_WORKER_ENV) instead
    of passing on the whole SLURM environment; only the names are printed, never the values.
 3. Points TMPDIR and the compiler/model caches at a node-local directory (RL_NODE_LOCAL_ROOT, default /tmp),
@@ -14,8 +15,8 @@ What it does on each node, in this order:
 4. Runs torchrun with --nnodes=$SLURM_NNODES, one worker per GPU (RL_NPROC_PER_NODE overrides), c10d
    rendezvous at RL_RDZV_ENDPOINT (host:port, resolved by the batch script on the head node), with node 0
    hosting the store (is_host: no guessing from hostnames on multi-NIC hosts).
-5. Exits 75 when every worker that ended exited 75 (stopped on the signal after a checkpoint), else
-   torchrun's status.
+5. Exits 75 when the workers stopped on the signal after a checkpoint (see exit_status), else 1 for a
+   failure, 0 for success.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def torchrun_args(nnodes: int, nproc: int, endpoint: str, job_id: str, is_host: 
 
 
 def main(argv=None) -> int:
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # first, before anything slow (see the docstring)
-        signal.signal(sig, signal.SIG_IGN)
+    # First, before any thread exists (threads inherit the mask) and before anything slow: see the docstring.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entrypoint", default=None, help="training script (default: the RL runner)")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the runner's arguments")
@@ -157,14 +158,23 @@ def run_torchrun(argv: list[str]) -> int:
         run(parse_args(argv))
     except ChildFailedError as e:
         codes = sorted({f.exitcode for f in e.failures.values()})
-        if codes == [STOPPED_EXIT_CODE]:
-            print(
-                f"slurm_launch: workers stopped on the signal after a checkpoint (exit {STOPPED_EXIT_CODE})", flush=True
-            )
-            return STOPPED_EXIT_CODE
-        print(f"slurm_launch: workers failed with exit codes {codes}\n{e}", file=sys.stderr, flush=True)
-        return 1
+        status = exit_status(codes)
+        if status == STOPPED_EXIT_CODE:
+            print(f"slurm_launch: workers stopped on the signal (exit {STOPPED_EXIT_CODE})", flush=True)
+        else:
+            print(f"slurm_launch: workers failed with exit codes {codes}\n{e}", file=sys.stderr, flush=True)
+        return status
     return 0
+
+
+def exit_status(codes: list[int]) -> int:
+    """The node's status from its failed workers' exit codes. Stopped workers exit 75 only after a barrier
+    that follows the checkpoint and the final upload, but not at the same instant: torchrun's agent
+    SIGTERMs the rest of the node's workers as soon as the first one exits non-zero. A SIGTERM next to a 75
+    therefore still means a clean stop."""
+    if STOPPED_EXIT_CODE in codes and set(codes) <= {STOPPED_EXIT_CODE, -signal.SIGTERM}:
+        return STOPPED_EXIT_CODE
+    return 1
 
 
 if __name__ == "__main__":

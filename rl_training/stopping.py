@@ -3,6 +3,9 @@
 The handler only sets a flag. At the top of every step all ranks all-reduce it (max), so a signal that
 reached any one rank stops every rank at the same step: no rank leaves a collective behind. The runner
 then checkpoints and exits with STOPPED_EXIT_CODE, and a chained job resumes with `ckpt.resume=latest`.
+
+Under SLURM the workers start with the signal blocked (rl_training/slurm_launch.py): one that arrives
+while they are still importing stays pending and is delivered here, the moment the handler is in place.
 """
 
 from __future__ import annotations
@@ -26,16 +29,20 @@ class StopOnSignal:
         self.signum = None if name == "none" else signal.Signals[name]
         self.received = False
         self._previous = None
+        self._was_blocked = False
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is not threading.main_thread():
-            self.signum = None  # Python delivers signals to the main thread only: nothing to install here
+            self.signum = None  # Python runs handlers in the main thread only: nothing to install here
         if self.signum is not None:
             self._previous = signal.signal(self.signum, self._handle)
+            self._was_blocked = self.signum in signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.signum})
         return self
 
     def __exit__(self, *exc) -> None:
         if self.signum is not None:
+            if self._was_blocked:  # block again first, so that a late signal waits instead of killing
+                signal.pthread_sigmask(signal.SIG_BLOCK, {self.signum})
             signal.signal(self.signum, self._previous)
 
     def _handle(self, signum, frame) -> None:
