@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup demo test test-fast quality format tiny train sft bench eval tensorboard config-ref clean
+.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -16,6 +16,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# SLURM wrapper on a real local cluster (root; ../shared/tools/slurm_local.sh), rclone upload, shell scripts.
+test-cluster: setup
+	$(PY) -m pytest -q tests/test_slurm.py tests/test_ckpt_sync.py tests/test_lambda_scripts.py
 
 quality: setup
 	.venv/bin/ruff check .

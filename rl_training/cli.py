@@ -1,5 +1,6 @@
 """What every runner's entry point shares: `--cfg FILE key=value ...`, process-group lifetime, and the
-one-line error (exit status 2) for bad user input."""
+one-line error (exit status 2) for bad user input. A runner body may return its own exit status (the RL
+runner returns 75 when a stop signal ended it early)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ from rl_training.config import Config, load_config
 from rl_training.errors import USER_ERRORS
 
 
-def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], None], argv=None) -> int:
+def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=None) -> int:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cfg", required=True, help="YAML config (see cfg/)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.total_steps=10")
     args = ap.parse_args(argv)
     info = dist.init_distributed()
     try:
-        body(load_config(args.cfg, args.overrides), info)
+        status = body(load_config(args.cfg, args.overrides), info)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
         dist.cleanup()
-    return 0
+    return status or 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ class RunCfg:
     name: str = _f("default", "Run name; the run directory is output_dir/name.")
     tensorboard: bool = _f(True, "Write TensorBoard event files under run_dir/tb.")
     progress_bar: bool = _f(True, "Show a tqdm progress bar with ETA on rank 0.")
+    stop_signal: Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "none"] = _f(
+        "SIGUSR1",
+        "On this signal every rank checkpoints at the next step and exits with status 75 (SLURM's time-limit "
+        "warning: --signal=B:USR1@N); none = keep the signal's default action.",
+    )
 
 
 @dataclass
@@ -181,6 +187,26 @@ class CkptCfg:
 
 
 @dataclass
+class SyncCfg:
+    # No field can carry a credential: the remote is a bare name (its keys live in RCLONE_CONFIG_<NAME>_*
+    # environment variables) and check_sync_target rejects rclone's inline ':backend,key=value:' syntax.
+    remote: str = _f(
+        "",
+        "rclone remote for checkpoint uploads, configured by RCLONE_CONFIG_<NAME>_* environment variables; "
+        "'' = $RL_SYNC_REMOTE, and no uploads when both are empty.",
+    )
+    bucket: str = _f("", "Bucket (or top directory) on the remote; '' = $RL_SYNC_BUCKET.")
+    path: str = _f("", "Prefix in the bucket; '' = $RL_SYNC_PATH. Uploads go to remote:bucket/path/<run.name>/.")
+    retries: int = _f(3, "Retries of a failed upload (after the first attempt).", ge=0)
+    backoff_s: float = _f(5.0, "Wait before the first retry; it doubles with every further retry.", ge=0)
+    final_timeout_s: float = _f(
+        300.0,
+        "At the end of a run, wait at most this long for pending uploads; then they are abandoned (logged).",
+        gt=0,
+    )
+
+
+@dataclass
 class EvalCfg:
     every: int = _f(0, "In-loop held-out eval (data.eval) every N steps and at the last step; 0 = off.", ge=0)
     num_prompts: int = _f(64, "Held-out prompts scored by the demo / in-loop eval (0 = all).", ge=0)
@@ -220,6 +246,7 @@ class Config:
     optim: OptimCfg = field(default_factory=OptimCfg)
     probe: ProbeCfg = field(default_factory=ProbeCfg)
     ckpt: CkptCfg = field(default_factory=CkptCfg)
+    sync: SyncCfg = field(default_factory=SyncCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     sft: SftCfg = field(default_factory=SftCfg)
 
@@ -404,7 +431,25 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             f"{where}eval.ks={cfg.eval.ks}: k={bad_k[0]} is outside 1..eval.num_samples={cfg.eval.num_samples} "
             "(pass@k and maj@k need n >= k samples per problem)"
         )
+    check_sync_target(cfg.sync.remote, cfg.sync.bucket, cfg.sync.path, where)
     return cfg
+
+
+_REMOTE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_UNSAFE_PATH_CHARS = set('"$`\\:,\n\r')  # rclone-python builds a shell command line in double quotes
+
+
+def check_sync_target(remote: str, bucket: str, path: str, where: str = "") -> None:
+    """The upload destination must be a plain remote name and plain path segments: nothing that rclone could
+    read as inline credentials (':s3,secret_access_key=...:') or a shell could expand. Values are not echoed."""
+    if remote and not _REMOTE_NAME.fullmatch(remote):
+        raise ConfigError(
+            f"{where}sync.remote must be the name of an rclone remote (letters, digits, '_', '-', '.'); "
+            "configure the remote and its credentials with RCLONE_CONFIG_<NAME>_* environment variables"
+        )
+    for key, value in (("bucket", bucket), ("path", path)):
+        if _UNSAFE_PATH_CHARS & set(value):
+            raise ConfigError(f'{where}sync.{key} may not contain any of " $ ` \\ : , or a newline')
 
 
 def to_dict(cfg: Config, redact: bool = True) -> dict:

@@ -139,6 +139,7 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, resume_step: int = 0):
         self.enabled = enabled
         self.writer = None
+        self.last_step = resume_step
         self.jsonl = Path(run_dir) / "metrics.jsonl"
         if not enabled:
             return
@@ -163,6 +164,14 @@ class MetricsLogger:
                 self.writer.add_scalar(k, v, step)
         self._fh.write(json.dumps({"step": step, **metrics}) + "\n")
         self._fh.flush()
+        self.last_step = step
+
+    def summary(self, metrics: dict[str, float]) -> None:
+        """End-of-run values (e.g. the final upload's outcome) at the last logged step, in TensorBoard only:
+        metrics.jsonl keeps exactly one line per step."""
+        if self.enabled and self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(k, v, self.last_step)
 
     def custom_scalars(self, layout: dict) -> None:
         """TensorBoard 'Custom Scalars' tab layout (written once per run directory session)."""

@@ -4,11 +4,14 @@
     torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/testconfig.yaml train.total_steps=3
     torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/tiny_cpu.yaml ckpt.resume=latest
     python -m rl_training.runners.rl_runner --cfg cfg/testconfig.yaml      # a world of one, no torchrun
+    sbatch scripts/slurm/rl_train.sbatch --cfg cfg/qwen2.5_1.5b_gsm8k.yaml  # SLURM, several nodes (README)
 
 Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
 Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
 backend -> in-loop eval every `eval.every` steps (evals/evaluate.py, the code `python -m evals.run` uses)
--> log -> checkpoint. Outputs go to run.output_dir/run.name (see README, "Outputs").
+-> log -> checkpoint (handed to the background uploader when sync.remote is set). Outputs go to
+run.output_dir/run.name (see README, "Outputs"). On run.stop_signal (SLURM's time-limit warning) every rank
+checkpoints at the next step and the process exits with status 75; `ckpt.resume=latest` continues the run.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 from evals.evaluate import InLoopEval
 from rl_training import dist
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, to_yaml
 from rl_training.data.prompts import PromptSampler, encode_prompts
@@ -34,6 +38,7 @@ from rl_training.probes.probe import StepProbes
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
+from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
 from rl_training.trainer import (
     UpdateHParams,
     make_micro_batches,
@@ -64,6 +69,7 @@ class Run:
     probes: StepProbes | None
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
+    syncer: CheckpointSyncer | NullSyncer
     alerts: dict = field(default_factory=dict)
 
 
@@ -97,6 +103,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
     resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
     d = derive(cfg, info.world_size)
+    resolve_target(cfg.sync, d.run_dir)  # saved and logged resolved, like the backend
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir)
     seed_all(cfg.train.seed)  # the same LoRA init on every rank
@@ -129,6 +136,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger.custom_scalars(PROBE_LAYOUT)
     hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
+    syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     return Run(
         cfg,
         d,
@@ -148,6 +156,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         build_probes(cfg, d, model, params, info, resumed_state),
         start_step,
         evaluator,
+        syncer,
     )
 
 
@@ -207,7 +216,7 @@ def sampling_seed(seed: int, rank: int, step: int) -> int:
 
 def checkpoint(run: Run, step: int) -> None:
     epoch, offset = run.sampler.position(step)
-    save_checkpoint(
+    path = save_checkpoint(
         run.d.run_dir,
         step,
         run.model,
@@ -221,6 +230,8 @@ def checkpoint(run: Run, step: int) -> None:
         },
         run.cfg.ckpt.keep_last,
     )
+    if path is not None:  # rank 0
+        run.syncer.submit(path)
 
 
 def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
@@ -232,10 +243,14 @@ def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
         run.alerts[key] = value
 
 
-def train(run: Run) -> None:
+def train(run: Run, stop: StopOnSignal) -> int:
+    """Train up to train.total_steps; returns the exit status (STOPPED_EXIT_CODE after a stop signal)."""
     from tqdm import tqdm
 
     total = run.cfg.train.total_steps
+    if run.start_step >= total:
+        dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={total}")
+        return 0
     bar = tqdm(
         total=total,
         initial=run.start_step,
@@ -244,28 +259,44 @@ def train(run: Run) -> None:
         disable=not (run.info.is_main and run.cfg.run.progress_bar),
         mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s, not every step
     )
-    every = run.cfg.ckpt.every
+    every, saved = run.cfg.ckpt.every, run.start_step
     for step in range(run.start_step, total):
+        if stop.agreed(run.info.device):  # all ranks, so that none stops alone inside a collective
+            if step > saved:
+                checkpoint(run, step)
+            bar.close()
+            saved_at = f"checkpoint at step {step} of {total}" if step else "no step trained yet, nothing saved"
+            dist.print0(
+                f"stop: {stop.name} received; {saved_at}, exiting with status {STOPPED_EXIT_CODE} "
+                "(continue with ckpt.resume=latest)"
+            )
+            return STOPPED_EXIT_CODE
         metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
-        run.logger.log(step + 1, metrics)
+        run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
         report_alerts(run, metrics, step + 1)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")
         bar.update(1)
         if (every and (step + 1) % every == 0) or step + 1 == total:
             checkpoint(run, step + 1)
+            saved = step + 1
     bar.close()
+    return 0
 
 
-def rl(cfg: Config, info: dist.DistInfo) -> None:
-    run = setup(cfg, info)
-    try:
-        if run.start_step >= cfg.train.total_steps:
-            dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={cfg.train.total_steps}")
-        else:
-            train(run)
-    finally:
-        run.logger.close()
-        run.backend.close()
+def rl(cfg: Config, info: dist.DistInfo) -> int:
+    with StopOnSignal(cfg.run.stop_signal) as stop:  # before setup: a signal during a long setup still counts
+        run = setup(cfg, info)
+        try:
+            status = train(run, stop)
+            run.logger.summary(run.syncer.drain())  # the last checkpoint's upload, in TensorBoard too
+        finally:
+            run.logger.close()
+            run.backend.close()
+            run.syncer.finish(run.d.run_dir)  # also after a crash; bounded by sync.final_timeout_s
+    # Ranks leave together: torchrun stops a node's other workers as soon as one exits non-zero, which
+    # must not cut rank 0's final upload short.
+    dist.barrier()
+    return status
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,181 @@
+"""Per-node launcher under SLURM: started once per node by scripts/slurm/rl_train.sbatch, runs torchrun in-process.
+
+    srun --ntasks-per-node=1 .venv/bin/python -m rl_training.slurm_launch -- --cfg cfg/x.yaml key=value ...
+
+What it does on each node, in this order:
+1. Blocks SIGUSR1/SIGUSR2. SLURM delivers the time-limit signal to every process of the job step, and
+   torchrun's agent would die on it (default action) and orphan its workers. The workers inherit the
+   blocked mask: a signal that reaches a worker before its handler exists stays pending until
+   rl_training/stopping.py installs the handler and unblocks it (ignoring it would lose it).
+2. Builds the workers' environment from an allow-list (ALLOW_EXACT, ALLOW_PREFIXES, plus RL_WORKER_ENV) instead
+   of passing on the whole SLURM environment; only the names are printed, never the values.
+3. Points TMPDIR and the compiler/model caches at a node-local directory (RL_NODE_LOCAL_ROOT, default /tmp),
+   never NFS, and removes it at exit (RL_KEEP_NODE_LOCAL=1 keeps it). Sets HF offline mode (RL_HF_OFFLINE=0
+   turns that off): compute nodes load models from local paths.
+4. Runs torchrun with --nnodes=$SLURM_NNODES, one worker per GPU (RL_NPROC_PER_NODE overrides), c10d
+   rendezvous at RL_RDZV_ENDPOINT (host:port, resolved by the batch script on the head node), with node 0
+   hosting the store (is_host: no guessing from hostnames on multi-NIC hosts).
+5. Exits 75 when the workers stopped on the signal after a checkpoint (see exit_status), else 1 for a
+   failure, 0 for success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STOPPED_EXIT_CODE = 75  # rl_training.stopping.STOPPED_EXIT_CODE (not imported: that module imports torch)
+
+ALLOW_EXACT = {
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
+    "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "LD_LIBRARY_PATH",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURMD_NODENAME",  # provenance only; nothing else of SLURM's
+}  # fmt: skip
+ALLOW_PREFIXES = (
+    "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_",
+    "TORCHINDUCTOR_", "TRITON_", "VLLM_", "GLOO_", "TP_", "FI_", "UCX_", "RCLONE_", "AWS_", "RL_",
+)  # fmt: skip
+NODE_LOCAL = {  # variable -> subdirectory of the node-local directory
+    "TMPDIR": "tmp",
+    "XDG_CACHE_HOME": "cache",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "VLLM_CACHE_ROOT": "vllm",
+    "HF_DATASETS_CACHE": "hf_datasets",
+    "CUDA_CACHE_PATH": "nv_compute_cache",
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",
+}
+HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def worker_env(env: dict[str, str], extra: str = "") -> dict[str, str]:
+    """The allow-listed part of `env`. `extra`: comma-separated names, `NAME_*` for a prefix (RL_WORKER_ENV)."""
+    names = {x.strip() for x in extra.split(",") if x.strip()}
+    exact = ALLOW_EXACT | {n for n in names if not n.endswith("*")}
+    prefixes = ALLOW_PREFIXES + tuple(n[:-1] for n in names if n.endswith("*"))
+    return {k: v for k, v in env.items() if k in exact or k.startswith(prefixes)}
+
+
+def add_no_proxy(env: dict[str, str], hosts: list[str]) -> None:
+    """With a proxy configured, rendezvous and NCCL bootstrap traffic to the job's own nodes must bypass it."""
+    if not any(env.get(k) for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")):
+        return
+    have = [h for h in (env.get("no_proxy") or env.get("NO_PROXY") or "").split(",") if h]
+    merged = ",".join(dict.fromkeys([*have, "localhost", "127.0.0.1", *hosts]))
+    env["no_proxy"] = env["NO_PROXY"] = merged
+
+
+def nproc_per_node(env: dict[str, str]) -> int:
+    for key in ("RL_NPROC_PER_NODE", "SLURM_GPUS_ON_NODE"):
+        if env.get(key, "").isdigit() and int(env[key]) > 0:
+            return int(env[key])
+    cvd = env.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in cvd.split(",") if d.strip()]) or 1
+
+
+def node_hosts(nodelist: str) -> list[str]:
+    if not nodelist or not shutil.which("scontrol"):
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+    return out.stdout.split()
+
+
+def torchrun_args(nnodes: int, nproc: int, endpoint: str, job_id: str, is_host: bool, entry: str) -> list[str]:
+    return [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={job_id}",
+        f"--rdzv-conf=is_host={int(is_host)}",
+        "--max-restarts=0",  # a failed worker ends the job; the chain resumes from the last checkpoint
+        entry,
+    ]
+
+
+def main(argv=None) -> int:
+    # First, before any thread exists (threads inherit the mask) and before anything slow: see the docstring.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entrypoint", default=None, help="training script (default: the RL runner)")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="-- then the runner's arguments")
+    a = ap.parse_args(argv)
+    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+
+    env = dict(os.environ)
+    missing = [k for k in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "RL_RDZV_ENDPOINT") if not env.get(k)]
+    if missing:
+        print(
+            f"slurm_launch: missing {', '.join(missing)}; run it through scripts/slurm/rl_train.sbatch", file=sys.stderr
+        )
+        return 2
+    job, node_id, nnodes = env["SLURM_JOB_ID"], int(env["SLURM_NODEID"]), int(env["SLURM_NNODES"])
+    node = env.get("SLURMD_NODENAME", f"node{node_id}")
+    nproc = nproc_per_node(env)
+    entry = a.entrypoint or str(Path(__file__).resolve().parent / "runners" / "rl_runner.py")
+
+    wenv = worker_env(env, env.get("RL_WORKER_ENV", ""))
+    add_no_proxy(wenv, [*node_hosts(env.get("SLURM_JOB_NODELIST", "")), env["RL_RDZV_ENDPOINT"].rsplit(":", 1)[0]])
+    if env.get("RL_HF_OFFLINE", "1") != "0":
+        wenv.update(HF_OFFLINE)
+    if "OMP_NUM_THREADS" not in wenv:
+        wenv["OMP_NUM_THREADS"] = str(max(1, int(env.get("SLURM_CPUS_PER_TASK", "1") or 1) // nproc))
+    local = Path(env.get("RL_NODE_LOCAL_ROOT", "/tmp")) / f"rl-{job}-{node}"  # per node: fake nodes share /tmp
+    for var, sub in NODE_LOCAL.items():
+        (local / sub).mkdir(parents=True, exist_ok=True)
+        wenv[var] = str(local / sub)
+
+    targs = torchrun_args(nnodes, nproc, env["RL_RDZV_ENDPOINT"], job, node_id == 0, entry)
+    print(
+        f"slurm_launch[{node} {node_id}/{nnodes}]: torchrun {' '.join(targs)} {' '.join(args)}\n"
+        f"slurm_launch[{node}]: node-local dir {local}; worker environment ({len(wenv)} variables, values not "
+        f"shown): {' '.join(sorted(wenv))}",
+        flush=True,
+    )
+    # torchrun copies this process's environment into every worker: replace it with the filtered one.
+    os.environ.clear()
+    os.environ.update(wenv)
+    try:
+        return run_torchrun([*targs, *args])
+    finally:
+        if env.get("RL_KEEP_NODE_LOCAL") != "1":
+            shutil.rmtree(local, ignore_errors=True)
+
+
+def run_torchrun(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as e:
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        status = exit_status(codes)
+        if status == STOPPED_EXIT_CODE:
+            print(f"slurm_launch: workers stopped on the signal (exit {STOPPED_EXIT_CODE})", flush=True)
+        else:
+            print(f"slurm_launch: workers failed with exit codes {codes}\n{e}", file=sys.stderr, flush=True)
+        return status
+    return 0
+
+
+def exit_status(codes: list[int]) -> int:
+    """The node's status from its failed workers' exit codes. Stopped workers exit 75 only after a barrier
+    that follows the checkpoint and the final upload, but not at the same instant: torchrun's agent
+    SIGTERMs the rest of the node's workers as soon as the first one exits non-zero. A SIGTERM next to a 75
+    therefore still means a clean stop."""
+    if STOPPED_EXIT_CODE in codes and set(codes) <= {STOPPED_EXIT_CODE, -signal.SIGTERM}:
+        return STOPPED_EXIT_CODE
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
