@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench eval tensorboard config-ref clean
+.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench bench-probes eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -43,6 +43,10 @@ train: sft
 
 bench: sft
 	$(PY) scripts/bench.py --cfg $(CFG)
+
+# Probe overhead: probes on and off on alternate steps of one run.
+bench-probes: sft
+	$(PY) scripts/bench_probes.py --cfg $(CFG) --steps 80
 
 # Every checkpoint of a run + its step-0 base model: RUN/eval/ (JSON, per-problem jsonl, summary.csv, plots).
 RUN ?= runs/tiny_cpu

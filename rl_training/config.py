@@ -158,9 +158,9 @@ class LossCfg:
 class ProbeCfg:
     enabled: bool = _f(True, "Run the gradient-noise-scale and effective-sample-size probes every step.")
     gns_levels: list[Literal["unit", "micro", "rank"]] = _f(
-        ["unit", "micro", "rank"],
-        "GNS small-gradient levels: unit = exact per prompt group (LoRA), micro, rank; "
-        "levels that cannot be identified (one micro-batch in the step, one rank) are dropped.",
+        ["micro", "rank"],
+        "GNS small-gradient levels: micro, rank (nearly free), unit (exact per prompt group, costs about one "
+        "more LoRA weight-gradient pass); unidentifiable levels (one micro-batch, one rank) are dropped.",
     )
     gns_ema_beta: float = _f(
         0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999

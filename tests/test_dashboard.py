@@ -25,6 +25,7 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 "train.total_steps=3",
                 "train.micro_batch_groups=2",
                 "ckpt.every=0",
+                "probe.gns_levels=[unit,micro]",
             ]
         )
         == 0

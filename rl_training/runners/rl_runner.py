@@ -77,13 +77,15 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
     """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
     if not cfg.probe.enabled:
         return None
-    levels = [
-        lv
-        for lv in cfg.probe.gns_levels
-        if not (lv == "unit" and cfg.model.gradient_checkpointing)  # recompute would fire hooks twice
-        and not (lv == "micro" and d.accum_steps * d.world_size < 2)
-        and not (lv == "rank" and d.world_size < 2)
-    ]
+    unit_ok = not cfg.model.gradient_checkpointing  # a recompute would fire the forward hooks twice
+    identifiable = {"unit": unit_ok, "micro": d.accum_steps * d.world_size >= 2, "rank": d.world_size >= 2}
+    levels = [lv for lv in cfg.probe.gns_levels if identifiable[lv]]
+    if not levels and unit_ok:
+        levels = ["unit"]
+        dist.print0(
+            "probe: none of probe.gns_levels can be identified with one micro-batch per step on one "
+            "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass)"
+        )
     probes = StepProbes(
         model,
         params,
