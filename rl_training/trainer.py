@@ -38,6 +38,10 @@ class MicroBatch:
     advantages: torch.Tensor  # [B]
     rollout_logp: torch.Tensor  # [B,T-1] sampler log-probs aligned with `mask`, 0 elsewhere
     group_ids: list[int]  # [B/G] indices of the groups in this micro-batch
+    n_units: int = 0  # groups of the micro-batch before zero-advantage groups were dropped (>= len(group_ids))
+
+    def __post_init__(self):
+        self.n_units = self.n_units or len(self.group_ids)
 
 
 def make_micro_batches(
@@ -50,15 +54,20 @@ def make_micro_batches(
     drop_zero_adv_groups: bool = False,
     extra_pad: int = 0,
 ) -> list[MicroBatch]:
-    """Pack whole prompt groups into micro-batches (a group is never split)."""
+    """Pack whole prompt groups into micro-batches (a group is never split).
+
+    The partition into micro-batches is fixed first (consecutive blocks of the rollout order, which is the
+    seeded prompt order); dropping zero-advantage groups then removes them inside their block, and a block
+    left empty is not returned. Dropping never re-packs across blocks: the micro-level GNS needs each
+    micro-batch to be a random block of units, whatever their advantages (`n_units` keeps its full size)."""
     n_groups = len(rollouts) // group_size
-    groups = list(range(n_groups))
-    if drop_zero_adv_groups:
-        adv = advantages.view(n_groups, group_size)
-        groups = [g for g in groups if bool((adv[g] != 0).any())]
+    adv = advantages.view(n_groups, group_size)
     out = []
-    for s in range(0, len(groups), groups_per_micro):
-        gids = groups[s : s + groups_per_micro]
+    for s in range(0, n_groups, groups_per_micro):
+        block = list(range(s, min(s + groups_per_micro, n_groups)))
+        gids = [g for g in block if bool((adv[g] != 0).any())] if drop_zero_adv_groups else block
+        if not gids:
+            continue
         rows = [g * group_size + i for g in gids for i in range(group_size)]
         seqs = [rollouts.prompt_ids[r] + rollouts.completion_ids[r] for r in rows]
         width = max(len(x) for x in seqs) + extra_pad
@@ -82,6 +91,7 @@ def make_micro_batches(
                 advantages=advantages[rows].to(device),
                 rollout_logp=rlogp.to(device),
                 group_ids=gids,
+                n_units=len(block),
             )
         )
     return out

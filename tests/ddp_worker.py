@@ -25,8 +25,9 @@ def _init(rank: int, world: int, port: int):
     return dist.init_distributed()
 
 
-def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str) -> None:
-    """T3: this rank's half of 8 prompt groups (2 micro-batches of 2 groups) with all three GNS levels."""
+def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, drop: bool = False) -> None:
+    """T3: this rank's half of 8 prompt groups (2 micro-batches of 2 groups) with all three GNS levels;
+    `drop` skips the zero-advantage group (rank 1 only, so the ranks keep different numbers of groups)."""
     from rl_training import dist
     from rl_training.algs.objectives import StepNorm
     from rl_training.models import trainable_parameters
@@ -41,7 +42,7 @@ def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str) ->
     ro, adv = ddp_batch()
     mine = list(range(4 * rank, 4 * rank + 4))
     rows = [g * G + i for g in mine for i in range(G)]
-    mbs = make_micro_batches(subset(ro, mine), adv[rows], G, 2, 0, torch.device("cpu"))
+    mbs = make_micro_batches(subset(ro, mine), adv[rows], G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=drop)
     probes = StepProbes(
         model,
         params,
@@ -65,6 +66,7 @@ def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str) ->
         probes,
     )
     res = {lv: vars(est) for lv, est in probes.tracker.last.items()}
+    res["metrics"] = probes.metrics(zero_adv_group_frac=1 / 8, mean_group_tokens=1.0)  # collective (ESS gather)
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     dist.cleanup()
 

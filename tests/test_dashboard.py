@@ -64,3 +64,33 @@ def test_alert_rules():
     )
     assert alerts(ok, 25)["probe/alert/gns_invalid"] == 1.0
     assert alerts({**ok, "probe/gns/trace_sigma_est@micro": 2.0}, 0)["probe/alert/levels_disagree"] == 1.0
+
+
+def test_ess_alert_watches_raw_ratios_without_tis_and_sudden_drops():
+    ok = {"probe/ess/token": 1.0, "probe/ess/token_raw": 0.99}
+    # Without TIS the weights used are all 1 (ess/token = 1): the raw-ratio ESS carries the mismatch.
+    assert alerts({**ok, "probe/ess/token_raw": 0.9}, 0)["probe/alert/ess_token"] == 1.0
+    assert alerts({**ok, "probe/ess/token_raw": 0.7}, 0)["probe/alert/ess_token"] == 2.0
+    # Drop rule: history mean 0.99, sample sd of [0.985, 0.995] x 5 = 0.005 * sqrt(10/9) = 0.00527; 3 sd =
+    # 0.0158. 0.97 is 0.02 below the mean (> 0.0158): alert, though above 0.95. 0.98 (0.01 below): none.
+    hist = [0.985, 0.995] * 5
+    assert alerts({**ok, "probe/ess/token_raw": 0.97}, 0, hist)["probe/alert/ess_token"] == 1.0
+    assert alerts({**ok, "probe/ess/token_raw": 0.98}, 0, hist)["probe/alert/ess_token"] == 0.0
+    # Too little history: no drop rule. A flat history: the 0.005 floor, so 0.99 -> 0.987 is no alert.
+    assert alerts({**ok, "probe/ess/token_raw": 0.97}, 0, hist[:9])["probe/alert/ess_token"] == 0.0
+    assert alerts({**ok, "probe/ess/token_raw": 0.987}, 0, [0.99] * 10)["probe/alert/ess_token"] == 0.0
+    assert alerts({**ok, "probe/ess/token_raw": 0.984}, 0, [0.99] * 10)["probe/alert/ess_token"] == 1.0
+
+
+def test_gns_levels_keep_only_identifiable_ones(capsys):
+    from rl_training.runners.rl_runner import gns_levels
+
+    default = ["micro", "rank"]
+    assert gns_levels(default, False, accum_steps=2, world=1) == ["micro"]  # one rank: no rank level
+    assert gns_levels(default, False, accum_steps=1, world=2) == ["micro", "rank"]  # 1 micro x 2 ranks = 2
+    assert gns_levels(["unit", "micro"], True, accum_steps=2, world=1) == ["micro"]  # checkpointing: no unit
+    assert capsys.readouterr().out == ""
+    # One micro-batch on one rank: neither default level is identifiable -> the unit level, with a note.
+    assert gns_levels(default, False, accum_steps=1, world=1) == ["unit"]
+    assert "using the unit level" in capsys.readouterr().out
+    assert gns_levels(default, True, accum_steps=1, world=1) == []  # nothing identifiable at all

@@ -26,10 +26,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_t3_two_rank_raw_estimates_match_single_process(tiny_model, tmp_path):
-    mp.spawn(ddp_worker.probes_worker, args=(2, free_port(), str(tmp_path), str(tiny_model)), nprocs=2)
+@pytest.mark.parametrize("drop", [False, True])
+def test_t3_two_rank_raw_estimates_match_single_process(tiny_model, tmp_path, drop):
+    # Group 5 (rank 1's second) has zero advantages, so its gradient is exactly 0 (no KL term): skipping it
+    # (drop=True) leaves every level's estimate unchanged, while rank 1 then holds 3 groups against rank 0's 4.
+    mp.spawn(ddp_worker.probes_worker, args=(2, free_port(), str(tmp_path), str(tiny_model), drop), nprocs=2)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert r0 == r1  # every rank holds the same global estimate
+    m, m1 = r0.pop("metrics"), r1.pop("metrics")
+    assert r0 == r1  # every rank holds the same global estimate ...
+    assert json.dumps(m) == json.dumps(m1)  # ... and the same reduced metrics (NaN-aware comparison)
+    assert 0 < m["probe/ess/group_min"] <= m["probe/ess/group_median"] <= 1
 
     # Single process, same weights, same partition: rank r holds groups 4r..4r+3 in micro-batches of 2.
     from rl_training.algs.objectives import StepNorm

@@ -80,7 +80,7 @@ def test_t1_hooks_match_brute_force_per_group_gradients(setup):
         units.remove()
 
 
-def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0.0, kl_coef=0.0):
+def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0.0, kl_coef=0.0, drop=False):
     params = trainable_parameters(model)
     probes = StepProbes(
         model,
@@ -94,7 +94,7 @@ def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0
     )
     try:
         opt = torch.optim.SGD(params, lr=0.0)
-        mbs = make_micro_batches(ro, adv, G, groups_per_micro, 0, torch.device("cpu"))
+        mbs = make_micro_batches(ro, adv, G, groups_per_micro, 0, torch.device("cpu"), drop_zero_adv_groups=drop)
         probes.begin_step(G, N_GROUPS)
         train_on_rollouts(
             model,
@@ -151,3 +151,46 @@ def test_hooks_ignore_the_reference_forward(setup):
     model, ro, adv, norm = setup
     probes = run_step_with_probes(model, ro, adv, norm, 2, kl_coef=0.1)  # adds the adapter-disabled forward
     assert probes.hook_errors == 0 and probes.tracker.last["unit"] is not None
+
+
+@pytest.mark.parametrize("zero_groups", [[1], [0, 1]])
+def test_dropping_zero_advantage_groups_leaves_every_level_unchanged(setup, zero_groups):
+    # A zero-advantage group's gradient is exactly 0 (no KL term), so the step gradient and every small
+    # gradient are the same whether its forward runs or is skipped. Micro-batches of 2 groups: [0,1], [2,3].
+    # zero_groups=[1]: block [0,1] keeps group 0, its micro mean is still (gamma_0 + 0)/2 with b = 2.
+    # zero_groups=[0,1]: block [0,1] is skipped entirely and enters as one zero small gradient with b = 2.
+    # (The old re-packing of kept groups into new blocks would have made the micro partition depend on the
+    # advantages and biased the micro level: GNS_ESS.md 1.3 needs blocks chosen independently of the units.)
+    model, ro, adv, norm = setup
+    adv = adv.clone()
+    for g in zero_groups:
+        adv[g * G : (g + 1) * G] = 0.0
+    kept = run_step_with_probes(model, ro, adv, norm, 2, drop=False)
+    dropped = run_step_with_probes(model, ro, adv, norm, 2, drop=True)
+    for level in ("unit", "micro"):
+        a, b = kept.tracker.last[level], dropped.tracker.last[level]
+        for field in ("trace_sigma", "grad_sq_norm", "s_bar", "q", "a", "beta", "k"):
+            assert getattr(b, field) == pytest.approx(getattr(a, field), rel=1e-9, abs=1e-300), (level, field)
+    assert dropped.tracker.last["micro"].k == 2 and dropped.tracker.last["unit"].k == N_GROUPS
+    assert dropped.hook_errors == 0
+
+
+def test_hook_miscount_skips_that_levels_step(setup):
+    # Pitfall P6: a micro-batch whose hooks fired a wrong number of times must not feed the estimate.
+    model, ro, adv, norm = setup
+    probes = run_step_with_probes(model, ro, adv, norm, 2)
+    assert probes.tracker.levels["micro"].skipped == 0
+    probes.begin_step(G, N_GROUPS)
+    mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
+    probes.install_hooks()
+    try:
+        for mb in mbs:
+            with probes.micro(mb):
+                backward(model, mb, norm)
+                backward(model, mb, norm)  # a second backward inside one capture: 2 hook calls per parameter
+        probes.before_allreduce()
+        probes.after_allreduce()
+    finally:
+        probes.remove_hooks()
+    assert probes.hook_errors == 2 * 2  # both micro-batches, both levels
+    assert probes.tracker.levels["micro"].skipped == 1 and probes.tracker.levels["unit"].skipped == 1

@@ -70,6 +70,11 @@ def test_logprob_canary_after_sync_and_when_sync_is_skipped(vllm_run, monkeypatc
     assert stale["rollout/logp_diff_mean"] > 1e-2
     assert stale["rollout/logp_diff_mean"] > 100 * synced["rollout/logp_diff_mean"]
     assert stale["rollout/weight_version"] == 2.0
+    # The probes see it too, without TIS (ess/token on the all-ones weights stays 1): the raw-ratio token ESS
+    # falls from ~1 (ratios within 1e-6 of 1) to critical (< 0.8; measured ~0.1) and raises the alert.
+    assert synced["probe/ess/token_raw"] > 0.999 and synced["probe/alert/ess_token"] == 0.0
+    assert stale["probe/ess/token"] == 1.0
+    assert stale["probe/ess/token_raw"] < 0.8 and stale["probe/alert/ess_token"] == 2.0
 
 
 def test_truncated_importance_sampling_is_logged(run_overrides, tmp_path):

@@ -79,6 +79,7 @@ class LoraUnitCapture:
         self._armed = False
         self._acc: torch.Tensor | None = None
         self._groups = 0
+        self.forwards = self.backwards = 0
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_bytes = 0
         self._handles = []
@@ -89,12 +90,14 @@ class LoraUnitCapture:
     def _on_forward(self, module, inputs, output) -> None:
         # lora_A: output u, input x -> grad_A = sum_t du_t^T x_t ; lora_B: output v, input u -> grad_B = sum dv^T u
         if self._armed and output.requires_grad:
+            self.forwards += 1
             x = inputs[0].detach()
             output.register_hook(lambda g: self._stash(g, x))
 
     def _stash(self, grad: torch.Tensor, inp: torch.Tensor) -> None:
         if grad.dim() != 3:
             raise RuntimeError("per-unit capture needs [batch, time, features] activations")
+        self.backwards += 1
         self._pending.append((grad.detach(), inp))
         self._pending_bytes += grad.numel() * grad.element_size() + inp.numel() * inp.element_size()
         if self._pending_bytes > self.FLUSH_BYTES:
@@ -123,12 +126,18 @@ class LoraUnitCapture:
         """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups."""
         self._acc = torch.zeros(n_groups, dtype=torch.float64, device=next(self.pairs[0][0].parameters()).device)
         self._groups = n_groups
+        self.forwards = self.backwards = 0
         self._armed = True
         try:
             yield self
         finally:
             self._armed = False
             self._flush()
+
+    @property
+    def hooks_ok(self) -> bool:
+        """Pitfall P6: each LoRA module ran forward once and received its gradient once in this capture."""
+        return self.forwards == self.backwards == 2 * len(self.pairs)
 
     @property
     def unit_sq_norms(self) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """TensorBoard custom-scalar layout for the probes (one tab, rows as in GNS_ESS.md section 4) and alerts.
 
-The alert rules are heuristics, stated as such in the README: ess/token < 0.95 warn, < 0.8 critical;
+The alert rules are heuristics, stated as such in the README: the token ESS of the trainer/rollout mismatch
+(the smaller of ess/token on the weights used and ess/token_raw on the raw ratios, so it fires without TIS too)
+< 0.95 warn, < 0.8 critical, or a drop of more than 3 sd (floor 0.005) below its recent steps;
 B/B_simple < 0.25 noise-dominated, > 4 compute-wasteful (only once B_simple is trustworthy, rel SE <= 0.3);
 the GNS invalid for longer than its EMA window; trSigma at two levels disagreeing by more than [0.7, 1.4]
 while the SE is below 0.15.
@@ -16,9 +18,15 @@ LAYOUT = {
             "Margin",
             ["probe/gns/b_simple", "probe/gns/b_simple_lo", "probe/gns/b_simple_hi"],
         ],
-        "batch, B_simple, recommended": [
+        "batch, B_simple, recommended; efficient zone [B_s/2, 2 B_s]": [
             "Multiline",
-            ["probe/gns/batch_units", "probe/gns/b_simple", "probe/gns/recommended_batch"],
+            [
+                "probe/gns/batch_units",
+                "probe/gns/b_simple",
+                "probe/gns/recommended_batch",
+                "probe/gns/zone_lo",
+                "probe/gns/zone_hi",
+            ],
         ],
     },
     "2 GNS: |G|^2 and tr(Sigma)": {
@@ -44,9 +52,16 @@ LAYOUT = {
         ],
     },
     "5 Off-policy health": {
-        "ESS: token (used, raw), sequence": [
+        "ESS: token (used, raw), sequence; warn 0.95, critical 0.8": [
             "Multiline",
-            ["probe/ess/token", "probe/ess/token_raw", "probe/ess/seq", "probe/ess/ppo_token"],
+            [
+                "probe/ess/token",
+                "probe/ess/token_raw",
+                "probe/ess/seq",
+                "probe/ess/ppo_token",
+                "probe/ess/ref_warn",
+                "probe/ess/ref_critical",
+            ],
         ],
         "IS ratio max, p99.9, mean": ["Multiline", ["is/ratio_max", "is/ratio_p99_9", "is/ratio_mean"]],
         "TIS truncated fraction": ["Multiline", ["is/trunc_frac"]],
@@ -70,18 +85,34 @@ LAYOUT = {
 }
 
 
-def alerts(m: dict[str, float], invalid_streak: int) -> dict[str, float]:
-    """0 = fine. ess_token: 1 warn / 2 critical. batch: -1 noise-dominated, +1 compute-wasteful."""
+ESS_WARN, ESS_CRITICAL = 0.95, 0.8
+DROP_SD, DROP_FLOOR, DROP_MIN_HISTORY = 3.0, 0.005, 10
+
+
+def mismatch_ess(m: dict[str, float]) -> float:
+    """The token ESS the ess_token alert watches: without TIS the weights used are all 1 (ess/token = 1), so
+    the raw ratios are what show a trainer/rollout disagreement."""
+    return min(m.get("probe/ess/token", 1.0), m.get("probe/ess/token_raw", 1.0))
+
+
+def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = ()) -> dict[str, float]:
+    """0 = fine. ess_token: 1 warn (or a sudden drop) / 2 critical. batch: -1 noise-dominated, +1 wasteful.
+    `ess_history`: mismatch_ess of the previous steps (the drop rule needs DROP_MIN_HISTORY of them)."""
     out = {
         "probe/alert/ess_token": 0.0,
         "probe/alert/batch": 0.0,
         "probe/alert/gns_invalid": 0.0,
         "probe/alert/levels_disagree": 0.0,
     }
-    tok = m.get("probe/ess/token", 1.0)
-    if tok < 0.8:
+    tok = mismatch_ess(m)
+    drop = False
+    if len(ess_history) >= DROP_MIN_HISTORY:
+        mu = sum(ess_history) / len(ess_history)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in ess_history) / (len(ess_history) - 1))
+        drop = mu - tok > max(DROP_SD * sd, DROP_FLOOR)
+    if tok < ESS_CRITICAL:
         out["probe/alert/ess_token"] = 2.0
-    elif tok < 0.95:
+    elif tok < ESS_WARN or drop:
         out["probe/alert/ess_token"] = 1.0
     se, ratio = m.get("probe/gns/b_simple_rel_se", math.nan), m.get("probe/gns/batch_ratio", math.nan)
     if se <= 0.3:
@@ -99,7 +130,8 @@ def alerts(m: dict[str, float], invalid_streak: int) -> dict[str, float]:
 
 
 ALERT_TEXT = {
-    "probe/alert/ess_token": "token ESS of the importance weights is low: trainer and rollout policies disagree "
+    "probe/alert/ess_token": "token ESS of the importance weights is low or dropped suddenly: trainer and rollout "
+    "policies disagree "
     "(check is/ratio_max, rollout/logp_diff_*; enable or lower loss.tis_cap)",
     "probe/alert/batch": "batch is far from B_simple: below 1/4 = noise-dominated (bigger batch or lower lr), "
     "above 4x = compute-wasteful (smaller batch)",

@@ -23,6 +23,7 @@ The GNS is updated from epoch 0 only (on-policy, one update per rollout batch, s
 from __future__ import annotations
 
 import math
+from collections import deque
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -31,7 +32,7 @@ import torch.distributed as tdist
 from rl_training import dist
 from rl_training.probes import ess as E
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
-from rl_training.probes.dashboard import alerts
+from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, SmallBatchSums, recommend_batch
 
 LEVELS = ("unit", "micro", "rank")
@@ -64,6 +65,7 @@ class StepProbes:
         self.install_hooks()
         self.hook_errors = 0
         self.invalid_streak = 0
+        self.ess_history: deque[float] = deque(maxlen=50)  # recent mismatch ESS values for the drop alert
 
     def install_hooks(self) -> None:
         self.micro_cap = MicroGradCapture(self.params) if "micro" in self.levels else None
@@ -81,7 +83,8 @@ class StepProbes:
         self.G = group_size
         self.n_local = groups_this_rank
         self.small: dict[str, list[tuple[float, float, float]]] = {lv: [] for lv in self.levels}  # (|g|^2,b,c)
-        self.kept_groups = 0
+        self.kept_groups = self.block_groups = 0
+        self.broken: set[str] = set()
         self.ess_tok_raw, self.ess_tok_used = E.KishSums(0, 0, 0), E.KishSums(0, 0, 0)
         self.log_rho_all: list[torch.Tensor] = []
         self.seq_log_w: list[torch.Tensor] = []
@@ -91,31 +94,47 @@ class StepProbes:
 
     @contextmanager
     def micro(self, mb):
-        n = len(mb.group_ids)
+        n, n_block = len(mb.group_ids), mb.n_units  # kept groups; the block's groups incl. dropped ones
         self.kept_groups += n
+        self.block_groups += n_block
         with (
             self.micro_cap.capture() if self.micro_cap else nullcontext(),
             self.unit_cap.capture(n) if self.unit_cap else nullcontext(),
         ):
             yield
         scale = self.units / self.world
+        # Pitfall P6: a hook count other than one per parameter (or LoRA module) means the captured norms are
+        # not this micro-batch's gradient; that level's step is then skipped (counted in skipped_steps).
+        if self.micro_cap and self.micro_cap.calls != len(self.params):
+            self.hook_errors += 1
+            self.broken.add("micro")
+        if self.unit_cap and not self.unit_cap.hooks_ok:
+            self.hook_errors += 1
+            self.broken.add("unit")
         if self.micro_cap:
-            if self.micro_cap.calls != len(self.params):
-                self.hook_errors += 1
-            self.small["micro"].append(((scale / n) ** 2 * self.micro_cap.sq_norm.item(), n, n / self.units))
+            # dropped groups of the block are units with a zero gradient: they count in the block's mean
+            g2 = (scale / n_block) ** 2 * self.micro_cap.sq_norm.item()
+            self.small["micro"].append((g2, n_block, n_block / self.units))
         if self.unit_cap:
             for v in self.unit_cap.unit_sq_norms.tolist():
                 self.small["unit"].append((scale**2 * v, 1.0, 1.0 / self.units))
 
     def before_allreduce(self) -> None:
-        # Groups skipped for a zero advantage are units with a zero gradient: one zero small batch each; their
-        # sequences count in the advantage ESS with weight 0.
+        # Groups skipped for a zero advantage are units with a zero gradient: at the unit level one zero small
+        # batch each; at the micro level a block left empty is one zero small batch of the block's size (blocks
+        # are fixed before dropping, see make_micro_batches). Their sequences count in the advantage ESS with
+        # weight 0.
         skipped = self.n_local - self.kept_groups
         self.adv_seq = self.adv_seq + E.KishSums(0.0, 0.0, float(skipped * self.G))
-        for _ in range(skipped):
-            for lv in ("unit", "micro"):
-                if lv in self.small:
-                    self.small[lv].append((0.0, 1.0, 1.0 / self.units))
+        if "unit" in self.small:
+            self.small["unit"] += [(0.0, 1.0, 1.0 / self.units)] * skipped
+        if "micro" in self.small:
+            block = self.multiple // self.world
+            left = self.n_local - self.block_groups
+            while left > 0:
+                b = min(block, left)
+                self.small["micro"].append((0.0, float(b), b / self.units))
+                left -= b
         if "rank" in self.levels:
             g = (self.units / self.world) / self.n_local
             self.small["rank"].append((g * g * _grad_sq_norm(self.params), self.n_local, self.n_local / self.units))
@@ -129,12 +148,13 @@ class StepProbes:
             flat[f"{lv}.k"] = float(len(rows))
             flat[f"{lv}.ib"] = sum(1.0 / r[1] for r in rows)
             flat[f"{lv}.c2b"] = sum(r[2] ** 2 / r[1] for r in rows)
+            flat[f"{lv}.broken"] = float(lv in self.broken)
         tot = dist.reduce_sums(flat, self.device)
         for lv in self.small:
-            # A non-finite norm (e.g. an inf gradient) yields no estimate: the step is skipped and counted.
-            self.tracker.update(
-                lv, SmallBatchSums(tot[f"{lv}.s"], tot[f"{lv}.k"], tot[f"{lv}.ib"], tot[f"{lv}.c2b"]), q
-            )
+            # A non-finite norm (e.g. an inf gradient) or a hook miscount on any rank yields no estimate: the
+            # step is skipped and counted.
+            s_sum = tot[f"{lv}.s"] if tot[f"{lv}.broken"] == 0 else math.nan
+            self.tracker.update(lv, SmallBatchSums(s_sum, tot[f"{lv}.k"], tot[f"{lv}.ib"], tot[f"{lv}.c2b"]), q)
         self.q = q
         return q
 
@@ -167,7 +187,8 @@ class StepProbes:
         out = self._ess_metrics()
         out.update(self._gns_metrics(zero_adv_group_frac, mean_group_tokens))
         self.invalid_streak = 0 if out.get("probe/gns/valid", 0.0) else self.invalid_streak + 1
-        out.update(alerts(out, self.invalid_streak))
+        out.update(alerts(out, self.invalid_streak, list(self.ess_history)))
+        self.ess_history.append(mismatch_ess(out))
         return out
 
     def _ess_metrics(self) -> dict[str, float]:
@@ -198,7 +219,10 @@ class StepProbes:
             }
         )
         t = dist.reduce_sums(sums, self.device)
-        gather = _all_gather_cat(gness, self.device)
+        # Ranks can keep different numbers of groups (zero-advantage dropping): pad to the same length with NaN.
+        pad = torch.full((self.n_local - gness.numel(),), math.nan, dtype=torch.float64)
+        gather = _all_gather_cat(torch.cat([gness.double(), pad]), self.device)
+        gather = gather[~torch.isnan(gather)]
 
         def k(name):
             return E.kish(E.KishSums(t[f"{name}.w"], t[f"{name}.w2"], t[f"{name}.n"]))
@@ -217,6 +241,8 @@ class StepProbes:
             "probe/ess/adv_seq": adv.ness,
             "probe/ess/adv_token": E.adv_token_ness(t["adv_tok.1"], t["adv_tok.2"], t["adv_tok.t"]),
             "probe/ess/defined": float(tok.defined and tok_raw.defined),
+            "probe/ess/ref_warn": ESS_WARN,  # constant reference lines for the off-policy chart
+            "probe/ess/ref_critical": ESS_CRITICAL,
             # is/ratio_mean, is/ratio_max and is/trunc_frac come with the trainer's rollout canary.
             "is/log_ratio_mean": lr_mean,
             "is/log_ratio_std": math.sqrt(max(t["lr.sq"] / n_tok - lr_mean**2, 0.0)),
@@ -246,8 +272,11 @@ class StepProbes:
                 "probe/gns/b_simple": bs,
                 "probe/gns/b_simple_seq": bs * self.G,
                 "probe/gns/b_simple_tokens": bs * mean_group_tokens,
-                "probe/gns/b_simple_lo": bs * (1 - 2 * se),
-                "probe/gns/b_simple_hi": bs * (1 + 2 * se),
+                # +-2 SE band in log space (positive, symmetric on the log axis; ~ bs(1 +- 2se) for small se)
+                "probe/gns/b_simple_lo": bs * math.exp(-2 * se),
+                "probe/gns/b_simple_hi": bs * math.exp(2 * se),
+                "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
+                "probe/gns/zone_hi": bs * 2,
                 "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
                 "probe/gns/trace_sigma_est": st.trace_sigma,
                 "probe/gns/grad_sq_norm_raw": raw.grad_sq_norm if raw else float("nan"),

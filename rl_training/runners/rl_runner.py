@@ -73,19 +73,26 @@ class Run:
     alerts: dict = field(default_factory=dict)
 
 
-def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | None:
-    """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
-    if not cfg.probe.enabled:
-        return None
-    unit_ok = not cfg.model.gradient_checkpointing  # a recompute would fire the forward hooks twice
-    identifiable = {"unit": unit_ok, "micro": d.accum_steps * d.world_size >= 2, "rank": d.world_size >= 2}
-    levels = [lv for lv in cfg.probe.gns_levels if identifiable[lv]]
-    if not levels and unit_ok:
+def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: int, world: int) -> list[str]:
+    """The requested GNS levels this layout can identify (micro needs >= 2 micro-batches per step over all
+    ranks, rank needs >= 2 ranks, unit needs no gradient checkpointing: a recompute fires the forward hooks
+    twice). If none is left, the unit level when possible (printed), else none."""
+    identifiable = {"unit": not gradient_checkpointing, "micro": accum_steps * world >= 2, "rank": world >= 2}
+    levels = [lv for lv in requested if identifiable[lv]]
+    if not levels and identifiable["unit"]:
         levels = ["unit"]
         dist.print0(
             "probe: none of probe.gns_levels can be identified with one micro-batch per step on one "
             "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass)"
         )
+    return levels
+
+
+def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | None:
+    """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
+    if not cfg.probe.enabled:
+        return None
+    levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, d.accum_steps, d.world_size)
     probes = StepProbes(
         model,
         params,
