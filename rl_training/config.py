@@ -165,6 +165,13 @@ class ProbeCfg:
     gns_ema_beta: float = _f(
         0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999
     )
+    step_time_fixed_s: float = _f(
+        0.0,
+        "t_f of the step-time model t_f + t_u*B (per-step overhead: sync, generation tail, optimizer), from "
+        "`scripts/bench.py --batches 8,16`; with step_time_per_group_s it enables probe/gns/b_star. 0 = unknown.",
+        ge=0,
+    )
+    step_time_per_group_s: float = _f(0.0, "t_u: marginal step time per prompt group (see step_time_fixed_s).", ge=0)
 
 
 @dataclass

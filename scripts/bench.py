@@ -1,11 +1,15 @@
 """Benchmark RL steps at fixed settings: median step and phase times, throughput, peak RSS (table + JSON).
 
     .venv/bin/python scripts/bench.py --cfg cfg/tiny_cpu.yaml [--steps 20 --warmup 3] [--backends hf,vllm]
-        [--out bench_results/bench.json] [key=value ...]
+        [--batches 8,16] [--out bench_results/bench.json] [key=value ...]
 
-Each backend gets its own freshly built run (same seed, same config, a temp output dir), and the backends
-take turns step by step, so a noisy shared machine slows them alike; compare the ratios. The first
-`--warmup` steps of each are excluded. Overrides apply to every backend.
+Each backend (and batch size) gets its own freshly built run (same seed, same config, a temp output dir), and
+the runs take turns step by step, so a noisy shared machine slows them alike; compare the ratios. The first
+`--warmup` steps of each are excluded. Overrides apply to every run.
+
+`--batches B1,B2,...` runs each backend at those rollout.prompts_per_step values and fits the step-time model
+step_s = t_f + t_u * B (GNS_ESS.md 1.6); it prints the probe.step_time_fixed_s / probe.step_time_per_group_s
+overrides that let the GNS probe log the goodput-optimal batch probe/gns/b_star.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str):
+def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str, name: str):
     from rl_training import dist
     from rl_training.config import load_config
     from rl_training.runners.rl_runner import setup
@@ -32,7 +36,7 @@ def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str):
             *overrides,
             f"rollout.backend={backend}",
             f"run.output_dir={out_dir}",
-            f"run.name=bench_{backend}",
+            f"run.name=bench_{name}",
             "run.tensorboard=false",
             "run.progress_bar=false",
         ],
@@ -59,13 +63,13 @@ def summarize(rows: list[dict], run) -> dict:
     }
 
 
-def print_table(results: dict[str, dict]) -> None:
+def print_table(results: dict[str, dict], compare: bool = True) -> None:
     cols = list(results)
     keys = list(next(iter(results.values())))
     print(f"{'metric':<22}" + "".join(f"{c:>14}" for c in cols))
     for k in keys:
         print(f"{k:<22}" + "".join(f"{results[c][k]:>14.4g}" for c in cols))
-    if len(cols) == 2:
+    if compare and len(cols) == 2:
         a, b = cols
         speedup = results[a]["step_s"] / results[b]["step_s"]
         print(f"{b} step speed-up over {a}: {speedup:.2f}x ({a} step time / {b} step time)")
@@ -77,33 +81,63 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backends", default="hf")
+    ap.add_argument("--batches", default="", help="prompts per step to compare, e.g. 8,16 (fits t_f, t_u)")
     ap.add_argument("--out", default=str(REPO / "bench_results" / "bench.json"))
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     backends = a.backends.split(",")
+    batches = [int(x) for x in a.batches.split(",") if x]
     total = a.steps + a.warmup
+    plan = {  # label -> (backend, extra overrides)
+        (f"{b}@B{n}" if batches else b): (b, [f"rollout.prompts_per_step={n}"] if batches else [])
+        for b in backends
+        for n in batches or [0]
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {b: build_run(a.cfg, b, [*a.overrides, f"train.total_steps={total}"], tmp) for b in backends}
-        rows: dict[str, list[dict]] = {b: [] for b in backends}
+        runs = {
+            label: build_run(
+                a.cfg, b, [*a.overrides, *extra, f"train.total_steps={total}"], tmp, label.replace("@", "_")
+            )
+            for label, (b, extra) in plan.items()
+        }
+        rows: dict[str, list[dict]] = {label: [] for label in runs}
         t0 = time.time()
         for step in range(total):
-            for b, run in runs.items():  # alternate: both backends see the same machine state
+            for label, run in runs.items():  # alternate: every run sees the same machine state
                 m = run_step(run, step)
                 if step >= a.warmup:
-                    rows[b].append({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
-        results = {b: summarize(rows[b], runs[b]) for b in backends}
+                    rows[label].append({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
+        results = {label: summarize(rows[label], runs[label]) for label in runs}
     cfg = next(iter(runs.values())).cfg
     print(
-        f"\n{a.steps} measured steps per backend after {a.warmup} warm-up steps; "
+        f"\n{a.steps} measured steps per run after {a.warmup} warm-up steps; "
         f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} completions, "
         f"{cfg.rollout.max_new_tokens} max new tokens, model {cfg.model.name_or_path} ({time.time() - t0:.0f} s)"
     )
-    print_table(results)
+    print_table(results, compare=not batches)
+    step_time = {}
+    if len(batches) >= 2:
+        from rl_training.probes.gns import fit_step_time
+
+        for b in backends:
+            t_f, t_u = fit_step_time(batches, [results[f"{b}@B{n}"]["step_s"] for n in batches])
+            step_time[b] = {"t_fixed_s": t_f, "t_per_group_s": t_u}
+            print(
+                f"{b}: step_s = {t_f:.4g} + {t_u:.4g} * B  ->  "
+                f"probe.step_time_fixed_s={max(t_f, 0):.4g} probe.step_time_per_group_s={max(t_u, 0):.4g}"
+            )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
-            {"config": a.cfg, "overrides": a.overrides, "steps": a.steps, "warmup": a.warmup, "results": results},
+            {
+                "config": a.cfg,
+                "overrides": a.overrides,
+                "steps": a.steps,
+                "warmup": a.warmup,
+                "results": results,
+                "step_time_model": step_time,
+            },
             indent=2,
         )
     )

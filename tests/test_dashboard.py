@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from rl_training.probes.dashboard import LAYOUT, alerts
 from rl_training.runners import rl_runner
 
@@ -26,6 +28,8 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 "train.micro_batch_groups=2",
                 "ckpt.every=0",
                 "probe.gns_levels=[unit,micro]",
+                "probe.step_time_fixed_s=1.0",
+                "probe.step_time_per_group_s=0.1",
             ]
         )
         == 0
@@ -41,6 +45,12 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
     missing = {t for t in charted - scalars if not t.endswith("@rank")}  # one rank: no rank level
     assert not missing, missing
     assert len(acc.Scalars("probe/gns/trace_sigma_est@micro")) == 3
+    # B* = sqrt(B_simple t_f / t_u) = sqrt(10 B_simple) wherever B_simple is defined
+    for bs, star in zip(acc.Scalars("probe/gns/b_simple"), acc.Scalars("probe/gns/b_star"), strict=True):
+        if math.isfinite(bs.value):  # (it is on all 3 steps of this run: ~25-200 groups)
+            assert star.value == pytest.approx(math.sqrt(10 * bs.value), rel=1e-5)
+        else:
+            assert math.isnan(star.value)
 
 
 def test_alert_rules():

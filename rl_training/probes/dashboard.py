@@ -24,6 +24,7 @@ LAYOUT = {
                 "probe/gns/batch_units",
                 "probe/gns/b_simple",
                 "probe/gns/recommended_batch",
+                "probe/gns/b_star",
                 "probe/gns/zone_lo",
                 "probe/gns/zone_hi",
             ],

@@ -83,11 +83,16 @@ class GNSState:
     m_g22: float = 0.0
     m_trg2: float = 0.0
     skipped: int = 0  # steps whose estimate was non-finite or not identifiable
+    valid_steps: int = 0  # updates after which the estimate was valid (the recommendation's warm-up counts these)
 
     def update(self, est: RawEstimate | None) -> None:
         if est is None:
             self.skipped += 1
             return
+        self._update(est)
+        self.valid_steps += self.valid
+
+    def _update(self, est: RawEstimate) -> None:
         b = self.beta
         self.t += 1
         self.m_tr = b * self.m_tr + (1 - b) * est.trace_sigma
@@ -138,19 +143,68 @@ class Recommendation:
     reason: str
 
 
+def b_star(b_simple: float, t_fixed: float, t_per_unit: float) -> float:
+    """Goodput-optimal batch on fixed hardware (GNS_ESS.md 1.6): with step time t_f + t_u B, progress per second
+    ~ B / ((B + B_simple)(t_f + t_u B)) peaks at B* = sqrt(B_simple t_f / t_u). NaN if an input is unknown."""
+    if not (b_simple > 0 and t_fixed > 0 and t_per_unit > 0):
+        return float("nan")
+    return math.sqrt(b_simple * t_fixed / t_per_unit)
+
+
+def fit_step_time(batches: list[float], step_times: list[float]) -> tuple[float, float]:
+    """Least-squares (t_f, t_u) of step_time = t_f + t_u * B over measurements at >= 2 distinct batch sizes."""
+    n = len(batches)
+    if n != len(step_times) or len(set(batches)) < 2:
+        raise ValueError("fit_step_time needs step times at two or more distinct batch sizes")
+    mb, mt = sum(batches) / n, sum(step_times) / n
+    t_u = sum((b - mb) * (t - mt) for b, t in zip(batches, step_times, strict=True)) / sum(
+        (b - mb) ** 2 for b in batches
+    )
+    return mt - t_u * mb, t_u
+
+
 def recommend_batch(
-    state: GNSState, current: int, multiple: int, b_min: int, b_max: int, kappa: float = 1.0, max_rel_se: float = 0.3
+    state: GNSState,
+    current: int,
+    multiple: int,
+    b_min: int,
+    b_max: int,
+    kappa: float = 1.0,
+    max_rel_se: float = 0.3,
+    target: float | None = None,
 ) -> Recommendation:
-    """kappa * B_simple, clipped to [b_min, b_max], rounded to a multiple of `multiple`, within x2 / /2 of the
-    current batch. Only after 3/(1-beta) valid updates with rel_se <= max_rel_se. Recommend only."""
+    """`target` (default kappa * B_simple; pass B* for the goodput-optimal variant), clipped to [b_min, b_max],
+    within x2 / /2 of the current batch, rounded to a multiple of `multiple`. Only after 3/(1-beta) updates with
+    a valid estimate and rel_se <= max_rel_se. Recommend only."""
     need = math.ceil(3 / (1 - state.beta)) if state.beta < 1 else 10**9
-    if not state.valid or state.t < need:
-        return Recommendation(float("nan"), f"warming up ({state.t}/{need} valid steps)")
+    if not state.valid or state.valid_steps < need:
+        return Recommendation(float("nan"), f"warming up ({state.valid_steps}/{need} valid steps)")
     if not state.b_simple_rel_se <= max_rel_se:
         return Recommendation(float("nan"), f"B_simple too uncertain (rel SE {state.b_simple_rel_se:.2f})")
-    target = min(max(kappa * state.b_simple, b_min, current / 2), b_max, current * 2)
-    rounded = max(multiple, round(target / multiple) * multiple)
+    want = kappa * state.b_simple if target is None else target
+    if not math.isfinite(want):
+        return Recommendation(float("nan"), "no target")
+    clipped = min(max(want, b_min, current / 2), b_max, current * 2)
+    rounded = max(multiple, round(clipped / multiple) * multiple)
     return Recommendation(float(rounded), "ok")
+
+
+@dataclass
+class Hysteresis:
+    """Hold a recommendation for at least `hold` steps before it may change (GNS_ESS.md 1.6: at most every R
+    steps), so a noisy estimate near a rounding boundary does not flip the advice every step."""
+
+    hold: int
+    value: float = float("nan")
+    since: int = 0
+
+    def __call__(self, proposed: float) -> float:
+        self.since += 1
+        if math.isnan(proposed):
+            self.value, self.since = float("nan"), 0  # advice withdrawn (warming up or too uncertain)
+        elif math.isnan(self.value) or (proposed != self.value and self.since >= self.hold):
+            self.value, self.since = proposed, 0
+        return self.value
 
 
 @dataclass

@@ -33,7 +33,7 @@ from rl_training import dist
 from rl_training.probes import ess as E
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
-from rl_training.probes.gns import GNSTracker, SmallBatchSums, recommend_batch
+from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
 
 LEVELS = ("unit", "micro", "rank")
 
@@ -54,12 +54,16 @@ class StepProbes:
         world_size: int,
         micro_batch_groups: int,
         device: torch.device,
+        step_time: tuple[float, float] = (0.0, 0.0),
     ):
         self.levels = [lv for lv in LEVELS if lv in levels]
         self.params, self.device = params, device
         self.units, self.world = units_per_step, world_size
         self.multiple = world_size * micro_batch_groups
         self.tracker = GNSTracker(beta=ema_beta)
+        self.step_time = step_time  # (t_f, t_u) of step time = t_f + t_u * B; zeros = unknown (no B*)
+        hold = math.ceil(1 / (1 - ema_beta)) if ema_beta < 1 else 1
+        self.rec_simple, self.rec_star = Hysteresis(hold), Hysteresis(hold)
         self.model = model
         self.micro_cap = self.unit_cap = None
         self.install_hooks()
@@ -266,7 +270,10 @@ class StepProbes:
             return out
         st, raw = self.tracker.levels[primary], self.tracker.last.get(primary)
         bs, se = st.b_simple, st.b_simple_rel_se
-        rec = recommend_batch(st, self.units, self.multiple, self.multiple, 16 * self.units)
+        bounds = (self.units, self.multiple, self.multiple, 16 * self.units)
+        bstar = b_star(bs, *self.step_time) if st.valid else float("nan")
+        rec = self.rec_simple(recommend_batch(st, *bounds).batch)
+        rec_star = self.rec_star(recommend_batch(st, *bounds, target=bstar).batch)
         out.update(
             {
                 "probe/gns/b_simple": bs,
@@ -294,7 +301,9 @@ class StepProbes:
                 "probe/gns/batch_ratio": B / bs if st.valid and bs > 0 else float("nan"),
                 "probe/gns/step_efficiency": B / (B + bs) if st.valid else float("nan"),
                 "probe/gns/sample_efficiency": bs / (B + bs) if st.valid else float("nan"),
-                "probe/gns/recommended_batch": rec.batch,
+                "probe/gns/recommended_batch": rec,  # kappa * B_simple (kappa = 1)
+                "probe/gns/b_star": bstar,  # goodput-optimal batch; NaN unless probe.step_time_* are set
+                "probe/gns/recommended_batch_star": rec_star,
             }
         )
         return out

@@ -102,6 +102,7 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
         world_size=d.world_size,
         micro_batch_groups=cfg.train.micro_batch_groups,
         device=info.device,
+        step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
     )
     if resumed.get("gns"):
         probes.tracker.load_state_dict(resumed["gns"])
