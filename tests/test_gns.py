@@ -211,6 +211,67 @@ def test_s1_through_real_parameter_hooks():
     assert abs(tr_sum / g2_sum / 64 - 1) < 0.10
 
 
+def s1_hook_steps(steps: int, max_norm: float, frozen: bool = False, inf_step: int = -1):
+    """S1 through MicroGradCapture with real optimizer steps (SGD lr 0.5) and clipping after the read of Q.
+    `frozen` adds a frozen Linear and a no-grad buffer-like parameter to the loss; `inf_step` injects an
+    inf into one unit at that step. Returns the raw estimate of every step and the EMA state."""
+    L, K, B, b = 256, 4, 32, 4
+    torch.manual_seed(0)
+    W = torch.nn.Linear(K, L, bias=False).double()
+    extra = torch.nn.Linear(K, L, bias=False).double().requires_grad_(False)
+    nograd = torch.nn.Parameter(torch.ones(L, dtype=D), requires_grad=False)
+    opt = torch.optim.SGD(W.parameters(), lr=0.5)
+    e = torch.zeros(K, dtype=D)
+    e[0] = 1.0
+    cap = MicroGradCapture([W.weight])  # trainable parameters only, as the trainer passes them
+    gen = torch.Generator().manual_seed(16)
+    st, raw = GNSState(beta=0.9), []
+    for step in range(steps):
+        u = constant_gradient_units(B, gen, 4.0)
+        if step == inf_step:
+            u[3, 0] = math.inf
+        opt.zero_grad(set_to_none=True)
+        small = []
+        for s in range(0, B, b):
+            with cap.capture():
+                out = W(e) + (extra(e) * nograd if frozen else 0.0)
+                (-(u[s : s + b] @ out).sum() / B).backward()
+            small.append(cap.sq_norm.item() * (B / b) ** 2)
+        sums = SmallBatchSums(sum(small), len(small), len(small) / b, len(small) * (b / B) ** 2 / b)
+        est = two_batch_estimate(sums, W.weight.grad.pow(2).sum().item())  # Q before clipping
+        torch.nn.utils.clip_grad_norm_([W.weight], max_norm)
+        opt.step()
+        raw.append(est)
+        st.update(est)
+    cap.remove()
+    return raw, st
+
+
+def test_t4_clipping_and_frozen_params_change_no_step_of_the_s1_estimate():
+    # The S1 gradient does not depend on W, so optimizer steps of any size leave the truth unchanged; Q is
+    # read before clipping. Clipping to 1e-6 vs no clipping, and extra frozen / no-grad parameters in the
+    # loss, must therefore give identical raw estimates at every step (1e-12), not only the first.
+    base, st = s1_hook_steps(6, math.inf)
+    for variant in (s1_hook_steps(6, 1e-6)[0], s1_hook_steps(6, math.inf, frozen=True)[0]):
+        for a, c in zip(base, variant, strict=True):
+            assert c.trace_sigma == pytest.approx(a.trace_sigma, rel=1e-12)
+            assert c.grad_sq_norm == pytest.approx(a.grad_sq_norm, rel=1e-12)
+    assert st.t == 6 and st.skipped == 0
+
+
+def test_t5_inf_gradient_through_the_hooks_is_skipped_and_the_ema_untouched():
+    # An inf in one unit at step 3 makes that step's small and big norms non-finite: no estimate, skipped and
+    # counted; steps 0-2 then 4-5 feed the EMA exactly as a run without step 3 would (same draws elsewhere).
+    raw, st = s1_hook_steps(6, math.inf, inf_step=3)
+    clean, _ = s1_hook_steps(6, math.inf)
+    assert raw[3] is None and st.skipped == 1 and st.t == 5
+    ref = GNSState(beta=0.9)
+    for i in (0, 1, 2, 4, 5):
+        ref.update(clean[i])
+    assert st.m_tr == pytest.approx(ref.m_tr, rel=1e-12) and st.m_g2 == pytest.approx(ref.m_g2, rel=1e-12)
+    assert math.isfinite(st.b_simple)
+
+
 # --------------------------------------------------------------------------------------- S2, S3
 def test_s2_ratio_of_sums_versus_mean_of_ratios():
     # |mu|^2 = 0.25 -> B_simple = 1024 with B = 32: after 2000 steps the ratio of sums has sd 7% (assert < 30%);
