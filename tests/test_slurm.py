@@ -143,6 +143,47 @@ def test_a_signal_that_arrived_before_the_handler_is_not_lost():
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
+def test_batch_script_survives_a_stop_signal_before_the_job_step(tmp_path):
+    """The batch shell's trap is installed first thing: a signal during the head-node lookup (stub scontrol,
+    which waits until the test has sent it) is counted, not fatal, and the job stops with 75 before srun."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    stub = {
+        "scontrol": f"touch {tmp_path}/ready; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; echo n1; echo n2",
+        "srun": f"touch {tmp_path}/srun-called",
+        "scancel": f"touch {tmp_path}/scancel-called",
+    }
+    for name, body in stub.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURMD_NODENAME": "n1",
+        "RL_PYTHON": sys.executable,
+        "RL_RDZV_ADDR": "10.0.0.1",
+    }
+    proc = subprocess.Popen(["bash", str(SBATCH), "--cfg", TESTCFG], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the script did not reach scontrol"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)  # as --signal=B:USR1 would, while scontrol runs
+        (tmp_path / "go").touch()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == STOPPED_EXIT_CODE, out  # before the fix: -SIGUSR1, the shell killed by it
+    assert "rl_train.sbatch[7]: SIGUSR1 received before the job step started" in out
+    assert "stopped before training started; a job chained with --dependency=afterany:7 resumes it" in out
+    assert not (tmp_path / "srun-called").exists() and not (tmp_path / "scancel-called").exists()
+
+
 def worker_pids(parent: int) -> dict[int, int]:
     """rank -> pid of the torchrun workers that are children of `parent` (their RANK is in their environ)."""
     out = {}
