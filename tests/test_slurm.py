@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_training import slurm_launch
 from rl_training.checkpoint import list_checkpoints
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import add_no_proxy, exit_status, nproc_per_node, torchrun_args, worker_env
@@ -84,6 +85,54 @@ def test_proxy_bypass_for_the_jobs_own_nodes():
     env = {"PATH": "/bin"}
     add_no_proxy(env, ["gh001"])
     assert "no_proxy" not in env  # no proxy, nothing to bypass
+
+
+def test_launcher_log_redacts_credentials_in_the_arguments(tmp_path, monkeypatch, capsys):
+    """The launcher echoes the runner's arguments into slurm-%j.out: a pasted credential must not follow."""
+    secret = "SENTINEL-secret-5d1e"
+    args = [
+        "--cfg",
+        "c.yaml",
+        f"sync.remote=:s3,provider=AWS,access_key_id=AKIA{secret},secret_access_key={secret}:",  # rclone inline
+        f"sync.remote=:s3, secret_access_key='{secret}:,x',region=eu-west-1:bucket",  # quoted: may hold : and ,
+        f"HF_TOKEN={secret}",
+        f"x.api_key={secret}",
+        f"x.db_Password={secret}",
+        f"x.aws_credentials={secret}",
+        f"--client-secret={secret}",
+        "rollout.max_new_tokens=256",  # `tokens`: a count, kept
+        "run.name=exp1",
+    ]
+    torchrun_argv = []
+    monkeypatch.setattr(slurm_launch, "run_torchrun", lambda argv: torchrun_argv.extend(argv) or 0)
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_JOB_ID": "9",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURMD_NODENAME": "n1",
+        "RL_RDZV_ENDPOINT": "127.0.0.1:20009",
+        "RL_NODE_LOCAL_ROOT": str(tmp_path),
+    }
+    saved_env, saved_mask = dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:  # main() replaces the environment with the workers' and blocks the stop signals: undo both
+        os.environ.clear()
+        os.environ.update(env)
+        assert slurm_launch.main(["--", *args]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+    out, err = capsys.readouterr()
+    assert secret not in out + err
+    line = next(x for x in out.splitlines() if x.startswith("slurm_launch[n1 0/2]: torchrun "))
+    assert line.endswith(
+        " --cfg c.yaml sync.remote=:s3,provider=AWS,access_key_id=<redacted>,secret_access_key=<redacted>:"
+        " sync.remote=:s3, secret_access_key=<redacted>,region=eu-west-1:bucket HF_TOKEN=<redacted>"
+        " x.api_key=<redacted> x.db_Password=<redacted> x.aws_credentials=<redacted> --client-secret=<redacted>"
+        " rollout.max_new_tokens=256 run.name=exp1"
+    )
+    assert torchrun_argv[-len(args) :] == args  # redacted in the log only: torchrun gets them as given
 
 
 def test_processes_per_node_and_torchrun_arguments():
