@@ -24,7 +24,7 @@ from rl_training.checkpoint import list_checkpoints
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import add_no_proxy, exit_status, nproc_per_node, torchrun_args, worker_env
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
-from tests.system_packages import require_debian_packages
+from tests.system_packages import require_debian_packages, skip_unless_required
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -291,12 +291,22 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(run_overrides, tmp
 
 
 # ------------------------------------------------------------------------------------ real Slurm
+def test_cluster_prerequisites_fail_instead_of_skipping_when_required(monkeypatch):
+    """CI sets RL_REQUIRE_CLUSTER_TESTS=1: a missing root, slurm_local.sh, rclone or shellcheck fails the run."""
+    monkeypatch.delenv("RL_REQUIRE_CLUSTER_TESTS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        skip_unless_required("needs root")
+    monkeypatch.setenv("RL_REQUIRE_CLUSTER_TESTS", "1")
+    with pytest.raises(pytest.fail.Exception, match=r"needs root \[RL_REQUIRE_CLUSTER_TESTS=1: this test must run"):
+        skip_unless_required("needs root")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     if not SLURM_LOCAL.exists():
-        pytest.skip(f"needs {SLURM_LOCAL} (the shared tools beside the repository)")
+        skip_unless_required(f"needs {SLURM_LOCAL} (the shared tools beside the repository)")
     if os.geteuid() != 0:
-        pytest.skip("the local Slurm cluster (slurmctld, 2 x slurmd, munge) needs root")
+        skip_unless_required("the local Slurm cluster (slurmctld, 2 x slurmd, munge) needs root")
     r = subprocess.run(
         ["bash", str(SLURM_LOCAL), "start"],
         env={**os.environ, "SLURM_LOCAL_NODES": "2"},
@@ -305,12 +315,12 @@ def slurm_cluster():
         timeout=600,
     )
     if r.returncode != 0 and "apt-get install failed" in r.stderr:
-        pytest.skip(f"could not install slurm-wlm/munge: {r.stderr.strip()[-500:]}")
+        skip_unless_required(f"could not install slurm-wlm/munge: {r.stderr.strip()[-500:]}")
     assert r.returncode == 0, r.stderr[-3000:]
     started = "already running" not in r.stderr
     nodes = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True).stdout.split()
     if sum(int(n) for n in nodes) < 2:
-        pytest.skip("the running local Slurm cluster has fewer than 2 nodes (SLURM_LOCAL_NODES=1?)")
+        skip_unless_required("the running local Slurm cluster has fewer than 2 nodes (SLURM_LOCAL_NODES=1?)")
     yield
     if started:
         subprocess.run(["bash", str(SLURM_LOCAL), "stop"], capture_output=True, timeout=300)
