@@ -6,9 +6,13 @@
 
 After every checkpoint, rank 0 queues `rclone copy <run_dir>/checkpoints/step_N
 <remote>:<bucket>/<path>/<run.name>/checkpoints/step_N`; at the end of the run it waits (at most
-sync.final_timeout_s) for what is pending and uploads the run's logs (config.yaml, metrics.jsonl, tb/). A
-failed upload is retried sync.retries times with exponential backoff, then given up: it is printed to
-stderr and counted in the `sync/*` metrics (TensorBoard + metrics.jsonl). Nothing here raises into training.
+sync.final_timeout_s) for what is pending and uploads the run's logs (config.yaml, metrics.jsonl, tb/).
+A checkpoint goes up in two rclone commands: everything but its `COMPLETE` marker, then, only if that
+succeeded, the marker alone. One `rclone copy` transfers files in parallel, so the marker could land
+before a file that then fails, and a bucket restored for `ckpt.resume=latest` would offer an incomplete
+checkpoint as complete. A failed upload is retried sync.retries times with exponential backoff, then
+given up: it is printed to stderr and counted in the `sync/*` metrics (TensorBoard + metrics.jsonl).
+Nothing here raises into training.
 
 The uploads run in a helper process (`python -m rl_training.ckpt_sync`), not a thread. SLURM delivers the
 time-limit signal to every process of the job step, and rclone-python starts rclone through /bin/sh, which
@@ -36,6 +40,7 @@ from rl_training.config import ConfigError, SyncCfg, check_sync_target
 ENV_FALLBACK = {"remote": "RL_SYNC_REMOTE", "bucket": "RL_SYNC_BUCKET", "path": "RL_SYNC_PATH"}
 # rclone's own retries off: the helper's backoff is the retry policy (and what the metrics count).
 RCLONE_ARGS = ["--retries 1"]
+COMPLETE = "COMPLETE"  # rl_training.checkpoint.COMPLETE (not imported: that module imports torch)
 LOGS_FILTER = ["--exclude '/checkpoints/**'"]  # single-quoted: rclone-python hands the line to /bin/sh
 
 
@@ -232,8 +237,14 @@ def upload(job: dict, retries: int, backoff_s: float) -> dict:
     """One job with retries and exponential backoff; returns the result line for the parent."""
     from rclone_python.utils import RcloneException, run_rclone_cmd
 
-    name, src = job["name"], job["src"]
-    args = RCLONE_ARGS + (LOGS_FILTER if job.get("logs") else [])
+    name, src, dst = job["name"], job["src"], job["dst"]
+    if job.get("logs"):
+        commands = [(f'copy "{src}" "{dst}"', RCLONE_ARGS + LOGS_FILTER)]
+    else:  # the marker last, in a command of its own (see the module docstring)
+        commands = [
+            (f'copy "{src}" "{dst}"', [*RCLONE_ARGS, f"--exclude /{COMPLETE}"]),
+            (f'copyto "{src}/{COMPLETE}" "{dst}/{COMPLETE}"', RCLONE_ARGS),
+        ]
     for attempt in range(1, retries + 2):
         if not Path(src).is_dir():  # pruned by ckpt.keep_last before its turn came
             print(f"sync: {name} was deleted locally before it could be uploaded; skipped", file=sys.stderr, flush=True)
@@ -242,7 +253,8 @@ def upload(job: dict, retries: int, backoff_s: float) -> dict:
         try:
             # rclone-python's command runner rather than rclone.copy(): that one keeps only JSON log lines
             # and loses errors rclone prints before its log starts ("didn't find section in config file").
-            run_rclone_cmd(f'copy "{src}" "{job["dst"]}"', args=args)
+            for command, args in commands:  # raises on the first failure: the marker is not sent
+                run_rclone_cmd(command, args=args)
             return {"name": name, "ok": True, "seconds": time.monotonic() - t0, "attempts": attempt}
         except (RcloneException, OSError) as e:
             error = " | ".join(str(getattr(e, "error_msg", "") or e).strip().splitlines()[-2:])[:500]

@@ -8,7 +8,8 @@ What it does on each node, in this order:
    blocked mask: a signal that reaches a worker before its handler exists stays pending until
    rl_training/stopping.py installs the handler and unblocks it (ignoring it would lose it).
 2. Builds the workers' environment from an allow-list (ALLOW_EXACT, ALLOW_PREFIXES, plus RL_WORKER_ENV) instead
-   of passing on the whole SLURM environment; only the names are printed, never the values.
+   of passing on the whole SLURM environment; only the names are printed, never the values. The runner's
+   arguments are printed with credential-like values redacted (see `redact`): the log is slurm-%j.out.
 3. Points TMPDIR and the compiler/model caches at a node-local directory (RL_NODE_LOCAL_ROOT, default /tmp),
    never NFS, and removes it at exit (RL_KEEP_NODE_LOCAL=1 keeps it). Sets HF offline mode (RL_HF_OFFLINE=0
    turns that off): compute nodes load models from local paths.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +56,12 @@ NODE_LOCAL = {  # variable -> subdirectory of the node-local directory
     "TORCH_EXTENSIONS_DIR": "torch_extensions",
 }
 HF_OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Names whose values are not echoed. `token` but not `tokens`/`tokenizer`: max_new_tokens=256 stays readable.
+SECRET_NAME = re.compile(r"secret|passw(?:or)?d|credential|token(?!s|izer)|key", re.IGNORECASE)
+# A parameter of an rclone connection string (`:s3,secret_access_key=...:` or `remote,name=value:`); its
+# value may be quoted to hold `,` or `:`.
+RCLONE_PARAM = re.compile(r"""(,\s*)([\w-]+)=("[^"]*"|'[^']*'|[^,:]*)""")
+REDACTED = "<redacted>"
 
 
 def worker_env(env: dict[str, str], extra: str = "") -> dict[str, str]:
@@ -71,6 +79,15 @@ def add_no_proxy(env: dict[str, str], hosts: list[str]) -> None:
     have = [h for h in (env.get("no_proxy") or env.get("NO_PROXY") or "").split(",") if h]
     merged = ",".join(dict.fromkeys([*have, "localhost", "127.0.0.1", *hosts]))
     env["no_proxy"] = env["NO_PROXY"] = merged
+
+
+def redact(arg: str) -> str:
+    """`arg` as the launcher prints it: the value of a `name=value` whose name looks like a credential, and of
+    such a parameter inside an rclone connection string, replaced by <redacted>."""
+    name, eq, _ = arg.partition("=")
+    if eq and SECRET_NAME.search(name):
+        return f"{name}={REDACTED}"
+    return RCLONE_PARAM.sub(lambda m: f"{m[1]}{m[2]}={REDACTED}" if SECRET_NAME.search(m[2]) else m[0], arg)
 
 
 def nproc_per_node(env: dict[str, str]) -> int:
@@ -135,7 +152,7 @@ def main(argv=None) -> int:
 
     targs = torchrun_args(nnodes, nproc, env["RL_RDZV_ENDPOINT"], job, node_id == 0, entry)
     print(
-        f"slurm_launch[{node} {node_id}/{nnodes}]: torchrun {' '.join(targs)} {' '.join(args)}\n"
+        f"slurm_launch[{node} {node_id}/{nnodes}]: torchrun {' '.join(targs)} {' '.join(map(redact, args))}\n"
         f"slurm_launch[{node}]: node-local dir {local}; worker environment ({len(wenv)} variables, values not "
         f"shown): {' '.join(sorted(wenv))}",
         flush=True,

