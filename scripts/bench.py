@@ -122,10 +122,16 @@ def main() -> int:
         for b in backends:
             t_f, t_u = fit_step_time(batches, [results[f"{b}@B{n}"]["step_s"] for n in batches])
             step_time[b] = {"t_fixed_s": t_f, "t_per_group_s": t_u}
-            print(
-                f"{b}: step_s = {t_f:.4g} + {t_u:.4g} * B  ->  "
-                f"probe.step_time_fixed_s={max(t_f, 0):.4g} probe.step_time_per_group_s={max(t_u, 0):.4g}"
-            )
+            if t_f > 0 and t_u > 0:
+                print(
+                    f"{b}: step_s = {t_f:.4g} + {t_u:.4g} * B  ->  "
+                    f"probe.step_time_fixed_s={t_f:.4g} probe.step_time_per_group_s={t_u:.4g}"
+                )
+            else:
+                print(
+                    f"{b}: step_s = {t_f:.4g} + {t_u:.4g} * B has a non-positive term: the timing is noise-"
+                    "dominated (a busy machine, or batch sizes too close); rerun with more --steps or wider --batches"
+                )
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
