@@ -80,6 +80,15 @@ def test_sampler_shards_are_disjoint_and_deterministic():
     assert s.position(13) == (1, 8)
 
 
+def test_repeated_questions_are_dropped_keeping_the_first():
+    from rl_training.data.prompts import dedupe_questions
+    from rl_training.data.sources import Example
+
+    exs = [Example(q, a, a, f"f:{i + 1}") for i, (q, a) in enumerate([("a", "1"), ("b", "2"), ("a", "3"), ("c", "4")])]
+    kept, n = dedupe_questions(exs)
+    assert n == 1 and [e.source for e in kept] == ["f:1", "f:2", "f:4"]  # line 3 repeats line 1's question
+
+
 def test_sampler_rejects_tiny_dataset():
     with pytest.raises(DataError, match="dataset has 3 prompts < rollout.prompts_per_step=4"):
         PromptSampler(3, 4, 1, 0)

@@ -20,6 +20,14 @@ def render_prompt(question: str, template: str, tokenizer=None, use_chat_templat
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def dedupe_questions(examples: list[Example]) -> tuple[list[Example], int]:
+    """Keep the first example of each question text, in order. A prompt drawn twice in one step would make two
+    prompt groups correlated units, which biases the GNS (GNS_ESS.md pitfall P7) and double-weights it."""
+    seen: set[str] = set()
+    kept = [ex for ex in examples if not (ex.question in seen or seen.add(ex.question))]
+    return kept, len(examples) - len(kept)
+
+
 def encode_prompts(examples: list[Example], data_cfg, tokenizer) -> list[list[int]]:
     """Token ids of each rendered prompt; a prompt over data.max_prompt_tokens is an error naming it."""
     out = []

@@ -30,7 +30,7 @@ class MicroGradCapture:
 
     def _hook(self, g: torch.Tensor) -> None:
         if self._armed:
-            self._acc = self._acc + g.detach().pow(2).sum(dtype=torch.float64)
+            self._acc = self._acc + g.detach().double().pow(2).sum()  # float64 like Q (pitfall P3)
             self.calls += 1
 
     @contextmanager

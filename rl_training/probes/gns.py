@@ -114,6 +114,8 @@ class GNSState:
 
     @property
     def valid(self) -> bool:
+        """|G|^2_ema > 0 (the spec's rule), and also trSigma_ema >= 0: a negative noise estimate would give a
+        negative B_simple, which is shown as NaN too rather than as a number."""
         return self.t > 0 and self.grad_sq_norm > 0 and self.trace_sigma >= 0
 
     @property

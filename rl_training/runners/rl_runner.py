@@ -28,7 +28,7 @@ from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, 
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, to_yaml
-from rl_training.data.prompts import PromptSampler, encode_prompts
+from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
@@ -121,6 +121,9 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     params = trainable_parameters(model)
     optimizer, scheduler = build_optimizer(params, cfg.optim, cfg.train.total_steps * cfg.train.inner_epochs)
     examples = load_examples(cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key)
+    examples, dupes = dedupe_questions(examples)
+    if dupes:
+        dist.print0(f"data: dropped {dupes} repeated questions from {cfg.data.train} (one prompt per step, P7)")
     prompts = encode_prompts(examples, cfg.data, tokenizer)
     evaluator = InLoopEval(cfg, tokenizer, info, d.run_dir) if cfg.eval.every else None
     sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
