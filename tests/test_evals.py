@@ -206,6 +206,31 @@ def test_eval_config_checks_k_against_samples():
         (r"\boxed{18 \text{ dollars}}", "18", 1.0),
         (r"\boxed{5\text{ cm}}", "5", 1.0),
         ("#### 18%", "18", 1.0),
+        # a bare unit word in the box: the number is graded (math-verify alone reads '18 dollars' as 18*d*o*...)
+        (r"\boxed{18 dollars}", "18", 1.0),
+        (r"\boxed{18 dollars}", "19", 0.0),  # ... and still compared
+        (r"\boxed{12 cookies}", "12", 1.0),
+        (r"\boxed{3 books}", "3", 1.0),
+        (r"\boxed{1,234 pages}", "1234", 1.0),
+        (r"\boxed{40 people}", "40", 1.0),
+        (r"\boxed{-6 eggs}", "-6", 1.0),
+        (r"\boxed{2.5 points}", "2.5", 1.0),
+        (r"\boxed{7 weeks}", "7", 1.0),
+        (r"\boxed{\$15 per hour.}", "15", 1.0),
+        (r"\boxed{1/2 cup}", "0.5", 1.0),
+        (r"\boxed{9 blue marbles}", "9", 1.0),
+        (r"\boxed{5 x}", "5", 0.0),  # one letter is algebra: 5x, not 5
+        (r"\boxed{x^2}", "x^2", 1.0),
+        (r"\boxed{\frac{1}{2}}", "1/2", 1.0),
+        # several boxes: the last complete one alone (math-verify alone grades {5, 7} as a set)
+        (r"First guess \boxed{5}. Wait: \boxed{7}", "7", 1.0),
+        (r"First guess \boxed{5}. Wait: \boxed{7}", "5", 0.0),
+        (r"$\boxed{2}$, no: $\boxed{\frac{1}{2}}$", "0.5", 1.0),  # braces matched through \frac{1}{2}
+        (r"\boxed{\{1, 2\}} or maybe \boxed{3}", "3", 1.0),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),  # escaped braces do not close the box
+        (r"So \boxed{5}. Or \boxed{1", "5", 1.0),  # a box cut off by the token limit is passed over
+        (r"#### 4 then \boxed{9}", "9", 1.0),  # a complete box beats '#### N'
+        (r"\fbox{7}", "7", 1.0),
         # trailing text after the answer
         (r"The answer is \boxed{72}. Check: 70 + 2 = 72, and 5 is not it.", "72", 1.0),
         ("#### 72 apples.", "72", 1.0),
@@ -244,6 +269,9 @@ def test_format_check_and_answer_classes():
     # 0.5 and 1/2 are one vote; no answer does not vote; '#### 3' and '3.0 apples' agree
     texts = ["#### 0.5", r"\boxed{\frac12}", "no idea", "#### 3", "#### 3.0 apples\nthen 99", ""]
     assert math_answer_classes(texts) == [0, 0, None, 1, 1, None]
+    # votes use the graded answer too: the last box (7, not {5, 7}), the number before a unit word
+    texts = [r"\boxed{5}. Wait: \boxed{7}", "#### 7", r"\boxed{7 dollars}", r"\boxed{5}"]
+    assert math_answer_classes(texts) == [0, 0, 0, 1]
     assert TASKS["reverse"].answer_classes([" ab", "ab ", "", "ba"], 1.0) == [0, 0, None, 1]
 
 
