@@ -16,9 +16,11 @@ same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.
 Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
 summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard
-scalars eval/NAME/<metric> in RUN/tb. A step whose JSON exists with the same settings is not evaluated
-again unless --redo. A missing or corrupt checkpoint is reported in one line and skipped, the others are
-evaluated, and the exit status is 3. Bad input: one-line error, exit status 2.
+scalars eval/NAME/<metric> in RUN/tb/eval_NAME/ (a run beside training's under `tensorboard --logdir
+RUN/tb`). All of these are rebuilt from the step JSON files on every call, so each step has exactly one
+point. A step whose JSON exists with the same settings is not evaluated again unless --redo. A missing or
+corrupt checkpoint is reported in one line and skipped, the others are evaluated, and the exit status is 3.
+Bad input: one-line error, exit status 2.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from evals.evaluate import EvalSettings, evaluate_policy, step_name, write_step_result
 from evals.metrics import metric_names, summarize
-from evals.report import TensorBoardScalars, load_results, write_plots, write_summary_csv
+from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
 from rl_training.config import Config, ConfigError, load_config
@@ -47,6 +49,7 @@ from rl_training.rewards import TASKS
 from rl_training.rollout.base import resolve_backend_name
 
 EXIT_SKIPPED = 3
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 ADAPTER_FILE = "adapter/adapter_model.safetensors"
 # What must be the same for every checkpoint of one call: the policy being built and how it is prompted.
 IDENTITY = [
@@ -226,6 +229,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
     run_dir = Path(a.run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: no such run directory")
+    if a.name is not None and not _NAME.fullmatch(a.name):  # a path here would let the TB rebuild escape tb/
+        raise ConfigError(f"--name {a.name!r}: use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)")
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")
@@ -259,6 +264,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
         print(f"summary ignores steps {other}: evaluated with other settings")
     if results:
         report(results, es, settings, out_dir, f"{run_dir.name}: {name}")
+        if cfg.run.tensorboard:
+            write_tensorboard(results, run_dir / "tb" / f"eval_{name}", name)
     return EXIT_SKIPPED if n_skipped else 0
 
 
@@ -320,7 +327,6 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     backend = build_backend(cfg, model, tokenizer, info)
     print(f"built the {backend.name} engine once for {len(todo)} evaluations in {time.perf_counter() - t0:.1f} s")
     out_dir = run_dir / "eval" / name
-    tb = TensorBoardScalars(run_dir / "tb" if cfg.run.tensorboard else None, name)
     bar = tqdm(
         total=len(todo) * len(examples),
         desc="eval",
@@ -362,11 +368,9 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
             write_step_result(out_dir, t.step, result, records)
-            tb.add(t.step, metrics, timing)
             bar.write(f"{step_name(t.step)}: " + _one_line(metrics, timing))
     finally:
         bar.close()
-        tb.close()
         backend.close()
     return failed
 

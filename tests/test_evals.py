@@ -475,12 +475,38 @@ def recompute(problems: list[dict], ks: list[int]) -> dict[str, float]:
     return out
 
 
-def tb_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+def tb_scalars(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """Every point of `tag` in the event files of tb_dir, repeats included (purging would hide them)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir / "tb"))
+    acc = EventAccumulator(str(tb_dir), purge_orphaned_data=False)
     acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def test_eval_tensorboard_is_rebuilt_not_appended(tmp_path):
+    from evals.report import write_tensorboard
+
+    def results(acc):  # steps given out of order: the log is written in step order
+        return [{"step": s, "metrics": {"accuracy": a}, "timing": {"problems_per_s": 10.0}} for s, a in acc]
+
+    tb = tmp_path / "tb" / "eval_x"
+    write_tensorboard(results([(5, 0.5), (0, 0.25)]), tb, "x")
+    write_tensorboard(results([(10, 0.75), (0, 0.25), (5, 0.625)]), tb, "x")  # a --redo of 5, a new step 10
+    assert tb_scalars(tb, "eval/x/accuracy") == [(0, 0.25), (5, 0.625), (10, 0.75)]  # once each, newest values
+    assert tb_scalars(tb, "eval/x/problems_per_s") == [(0, 10.0), (5, 10.0), (10, 10.0)]
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+
+
+def test_eval_name_cannot_be_a_path(tmp_path, capsys):
+    from evals import run as evals_run
+
+    # RUN/tb/eval_NAME is emptied on every call: '../..' would reach outside it.
+    assert evals_run.main(["--run-dir", str(tmp_path), "--name", "../.."]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --name '../..': use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)\n"
+    )
 
 
 @pytest.mark.slow
@@ -513,9 +539,10 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     # The in-loop eval of step 2 (live policy) and evals.run on checkpoint 2 are the same code and numbers.
     inloop = json.loads((trained_run / "eval" / "inloop" / "step_000002.json").read_text())
     assert inloop["metrics"] == json.loads((out / "step_000002.json").read_text())["metrics"]
-    # TensorBoard: eval curves in the run's own log, next to training's.
-    assert [s for s, _ in tb_scalars(trained_run, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
-    assert [s for s, _ in tb_scalars(trained_run, "rollout/reward_mean")] == [1, 2]
+    # TensorBoard: eval curves in RUN/tb/eval_NAME, a run beside training's (RUN/tb) under --logdir RUN/tb.
+    tb_eval = trained_run / "tb" / "eval_reverse_heldout"
+    assert [s for s, _ in tb_scalars(tb_eval, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
+    assert [s for s, _ in tb_scalars(trained_run / "tb", "rollout/reward_mean")] == [1, 2]
     for png in ["overview.png", "pass_at_k.png", "maj_at_k.png", "accuracy.png", "truncation_rate.png"]:
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
@@ -525,6 +552,17 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf"]) == 0
     assert capsys.readouterr().out.count("already evaluated") == 3
     assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("step_*.json")}
+    # --redo of step 2: the eval log is rebuilt from the step files, so every step is there exactly once.
+    redo = ["--run-dir", str(trained_run), "--backend", "hf", "--redo", "--steps", "2", "--no-base"]
+    assert evals_run.main(redo) == 0
+    assert capsys.readouterr().out.count("already evaluated") == 0
+    assert len(list(tb_eval.glob("events.out.tfevents.*"))) == 1
+    for key in ["pass@4", "accuracy", "maj@2"]:
+        points = tb_scalars(tb_eval, f"eval/reverse_heldout/{key}")
+        assert [s for s, _ in points] == [0, 1, 2]
+        saved = [json.loads((out / f"step_{s:06d}.json").read_text())["metrics"][key] for s in (0, 1, 2)]
+        assert [v for _, v in points] == pytest.approx(saved, abs=1e-6)  # TensorBoard stores float32
+    assert tb_scalars(trained_run / "tb", "eval/reverse_heldout/pass@4") == []  # none in the training log
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf", "--k", "1,2"]) == 2
     assert "other settings" in capsys.readouterr().err
 
