@@ -12,6 +12,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from rl_training.config import absolute_path
+
 # Plots: (file stem, title, metric keys drawn in it). `{k}` expands to one line per k.
 PLOTS = [
     ("accuracy", "greedy accuracy", ["accuracy"]),
@@ -30,11 +32,17 @@ def load_results(out_dir: Path, settings: dict | None = None) -> tuple[list[dict
     results, other = [], []
     for path in sorted(Path(out_dir).glob("step_*.json")):
         r = json.loads(path.read_text())
-        if settings is not None and r["settings"] != settings:
+        if settings is not None and _with_absolute_paths(r["settings"]) != settings:
             other.append(r["step"])
         else:
             results.append(r)
     return sorted(results, key=lambda r: r["step"]), other
+
+
+def _with_absolute_paths(settings: dict) -> dict:
+    """Results saved before configs held absolute paths name the model and dataset relative to the directory
+    the eval ran in; resolved from here (as they were then) they compare equal to today's absolute ones."""
+    return {**settings, **{k: absolute_path(settings[k]) for k in ("dataset", "base_model") if k in settings}}
 
 
 def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Path) -> None:

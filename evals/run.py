@@ -40,7 +40,7 @@ from evals.metrics import metric_names, summarize
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
-from rl_training.config import Config, ConfigError, load_config
+from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.errors import USER_ERRORS
@@ -74,11 +74,6 @@ class Target:
     step: int
     path: Path | None  # None: the step-0 base model
     cfg: Config | None = None
-
-
-def _get(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def cli_overrides(a: argparse.Namespace) -> list[str]:
@@ -138,9 +133,13 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: missing {name}")
     try:
-        return load_config(path / "config.yaml", overrides)
+        cfg = load_config(path / "config.yaml", overrides)
     except ConfigError as e:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
+    # Configs saved before runners wrote absolute paths name them relative to the training directory: read
+    # from here, as they always were, so that they compare equal to newer checkpoints' absolute ones.
+    resolve_paths(cfg)
+    return cfg
 
 
 def base_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -159,10 +158,10 @@ def check_same_policy(targets: list[Target]) -> None:
     first = targets[0]
     for t in targets[1:]:
         for key in IDENTITY:
-            if _get(t.cfg, key) != _get(first.cfg, key):
+            if get_key(t.cfg, key) != get_key(first.cfg, key):
                 raise ConfigError(
-                    f"checkpoints disagree on {key}: {first.path} has {_get(first.cfg, key)!r}, {t.path} has "
-                    f"{_get(t.cfg, key)!r}; evaluate them in separate calls (--steps)"
+                    f"checkpoints disagree on {key}: {first.path} has {get_key(first.cfg, key)!r}, {t.path} has "
+                    f"{get_key(t.cfg, key)!r}; evaluate them in separate calls (--steps)"
                 )
 
 

@@ -459,6 +459,43 @@ def check_sync_target(remote: str, bucket: str, path: str, where: str = "") -> N
             raise ConfigError(f'{where}sync.{key} may not contain any of " $ ` \\ : , or a newline')
 
 
+def get_key(cfg: Config, key: str) -> Any:
+    """The value of a dotted key such as 'model.name_or_path'."""
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+# Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
+# ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
+PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume"]
+
+
+def absolute_path(value: str) -> str:
+    """`value` as an absolute path when it names something on disk, else unchanged (a hub id such as
+    'Qwen/Qwen2.5-1.5B-Instruct'). A `datasets` spec 'DIR[:config]@split' whose DIR is local gets an
+    absolute DIR. Symlinks are kept (os.path.abspath, not resolve)."""
+    if not value or os.path.isabs(value):
+        return value
+    if Path(value).expanduser().exists():
+        return os.path.abspath(os.path.expanduser(value))
+    name, at, split = value.partition("@")
+    name, colon, config = name.partition(":")
+    if at and name and Path(name).expanduser().exists():
+        return os.path.abspath(os.path.expanduser(name)) + colon + config + at + split
+    return value
+
+
+def resolve_paths(cfg: Config) -> None:
+    """Local paths in PATH_KEYS and run.output_dir (always local) made absolute, in place: a saved
+    config.yaml then means the same from any working directory (evals.run reads the checkpoints' ones)."""
+    for key in PATH_KEYS:
+        value = get_key(cfg, key)
+        if key != "ckpt.resume" or value not in ("none", "latest"):
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, absolute_path(value))
+    cfg.run.output_dir = os.path.abspath(os.path.expanduser(cfg.run.output_dir))
+
+
 def to_dict(cfg: Config, redact: bool = True) -> dict:
     """Plain dict of the config; fields marked secret are replaced by '***'."""
     out = dataclasses.asdict(cfg)

@@ -114,3 +114,26 @@ def test_readme_config_reference_is_current():
 def test_string_overrides_are_verbatim():
     cfg = load_config(None, ["data.prompt_template=Q: {question}\nA:", "run.name=123"])
     assert cfg.data.prompt_template == "Q: {question}\nA:" and cfg.run.name == "123"
+
+
+def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
+    from rl_training.config import resolve_paths
+
+    monkeypatch.chdir(tmp_path)
+    for d in ["models/m", "math500", "latest"]:  # 'latest' as a directory: ckpt.resume=latest is still the keyword
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "train.jsonl").write_text("")
+    over = ["model.name_or_path=models/m", "data.train=./train.jsonl", "data.eval=math500:main@test"]
+    cfg = load_config(None, [*over, "run.output_dir=runs", "ckpt.resume=latest"])
+    resolve_paths(cfg)
+    assert cfg.model.name_or_path == f"{tmp_path}/models/m"
+    assert cfg.data.train == f"{tmp_path}/train.jsonl"  # './' dropped
+    assert cfg.data.eval == f"{tmp_path}/math500:main@test"  # a local `datasets` directory, config and split kept
+    assert cfg.run.output_dir == f"{tmp_path}/runs"  # made by the run: absolute before it exists
+    assert cfg.ckpt.resume == "latest"
+    # Hub ids and `datasets` names that are not on disk stay as they are; absolute paths too.
+    hub = ["model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct", "data.train=openai/gsm8k:main@train"]
+    cfg = load_config(None, [*hub, "data.eval=/abs/heldout.jsonl", f"ckpt.resume={tmp_path / 'latest'}"])
+    resolve_paths(cfg)
+    assert (cfg.model.name_or_path, cfg.data.train) == ("Qwen/Qwen2.5-1.5B-Instruct", "openai/gsm8k:main@train")
+    assert cfg.data.eval == "/abs/heldout.jsonl" and cfg.ckpt.resume == f"{tmp_path}/latest"

@@ -498,6 +498,24 @@ def test_eval_tensorboard_is_rebuilt_not_appended(tmp_path):
     assert len(list(tb.glob("events.out.tfevents.*"))) == 1
 
 
+def test_results_with_relative_paths_match_absolute_settings(tmp_path, monkeypatch):
+    """Results saved before configs held absolute paths still count as made with the same settings when
+    their relative paths, read from the working directory, name the same model and data."""
+    from evals.report import load_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d.jsonl").write_text("")
+    old = {"dataset": "d.jsonl", "base_model": "m", "ks": [1]}
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "step_000000.json").write_text(json.dumps({"step": 0, "settings": old}))
+    (out / "step_000005.json").write_text(json.dumps({"step": 5, "settings": {**old, "ks": [2]}}))
+    now = {"dataset": f"{tmp_path}/d.jsonl", "base_model": f"{tmp_path}/m", "ks": [1]}
+    results, other = load_results(out, now)
+    assert [r["step"] for r in results] == [0] and other == [5]  # step 5: other ks
+
+
 def test_eval_name_cannot_be_a_path(tmp_path, capsys):
     from evals import run as evals_run
 
@@ -662,3 +680,41 @@ def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
     assert [p["index"] for p in problems] == list(range(31))  # gathered from both ranks, in order
     last = read_metrics(run_dir)[-1]
     assert last["eval/accuracy"] == summarize(problems, [1, 2, 4])["accuracy"]
+
+
+def test_saved_configs_hold_absolute_paths_for_evals_run_from_anywhere(tiny_model, reverse_data, tmp_path, monkeypatch):
+    """The README workflow with relative paths: SFT, then RL from runs/x_sft/final_model, both started in
+    the training directory; evals.run is then started elsewhere and still finds the model and the data."""
+    import yaml
+
+    from evals import run as evals_run
+    from rl_training.runners import sft_runner
+
+    train_dir, elsewhere = tmp_path / "train", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (train_dir / "models").mkdir(parents=True)
+    (train_dir / "models" / "tiny").symlink_to(tiny_model)
+    (train_dir / "data").symlink_to(reverse_data)
+    monkeypatch.chdir(train_dir)
+    data = ["data.train=data/train.jsonl", "data.eval=data/heldout.jsonl", "run.output_dir=runs"]
+    sft = ["model.name_or_path=models/tiny", *data, "run.name=x_sft", "sft.steps=1", "sft.warmup_steps=0"]
+    assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *sft]) == 0
+    rl = ["model.name_or_path=runs/x_sft/final_model", *data, "run.name=x", "train.total_steps=1", "ckpt.every=1"]
+    assert rl_runner.main(["--cfg", TESTCFG, *rl]) == 0
+
+    here, run_dir = Path.cwd(), train_dir / "runs" / "x"  # cwd: what a relative path meant during training
+    final_model = f"{here}/runs/x_sft/final_model"
+    for path, model in [
+        (train_dir / "runs" / "x_sft" / "config.yaml", f"{here}/models/tiny"),
+        (run_dir / "config.yaml", final_model),
+        (run_dir / "checkpoints" / "step_000001" / "config.yaml", final_model),
+    ]:
+        cfg = yaml.safe_load(path.read_text())
+        assert cfg["model"]["name_or_path"] == model, path
+        assert cfg["data"]["eval"] == f"{here}/data/heldout.jsonl" and cfg["run"]["output_dir"] == f"{here}/runs"
+
+    monkeypatch.chdir(elsewhere)
+    args = ["--run-dir", str(run_dir), "--backend", "hf", "--n", "0", "--k", "", "--limit", "4"]
+    assert evals_run.main(args) == 0  # before: exit 2, 'model.name_or_path=runs/x_sft/final_model: no such ...'
+    result = json.loads((run_dir / "eval" / "data_heldout" / "step_000001.json").read_text())
+    assert result["num_problems"] == 4 and result["settings"]["base_model"] == final_model
