@@ -7,8 +7,10 @@
         --question-key problem --answer-key answer data.max_prompt_tokens=1024
     python -m evals.run --run-dir runs/tiny_cpu vllm.kv_cache_gb=0.1   # key=value: any config key but model/lora
 
-Each checkpoint's base model, adapter shape and prompt template come from its own saved config.yaml
-(checkpoints that disagree on them are refused: evaluate them in separate calls). The policy and the
+Each checkpoint's base model, adapter shape and prompt template come from its own saved config.yaml, which
+must name its model. The policy most of the selected checkpoints share is evaluated (a tie: the earliest
+checkpoint's); a checkpoint whose config disagrees with it is reported and skipped (evaluate it alone with
+--steps N --no-base --name OTHER), and step 0 is that policy's base model. The policy and the
 rollout engine are built once; each checkpoint's adapter is loaded into the same peft model and, with
 vLLM, pushed into the live engine (`sync_weights`), so there is no rebuild per checkpoint. Step 0 is the
 same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.e. the base model.
@@ -30,6 +32,7 @@ import dataclasses
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +136,8 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: missing {name}")
     try:
-        cfg = load_config(path / "config.yaml", overrides)
+        # An empty or truncated config.yaml would otherwise load as the defaults: another base model.
+        cfg = load_config(path / "config.yaml", overrides, required=["model.name_or_path"])
     except ConfigError as e:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
     # Configs saved before runners wrote absolute paths name them relative to the training directory: read
@@ -143,26 +147,31 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
 
 
 def base_config(run_dir: Path, overrides: list[str]) -> Config:
-    """When no selected checkpoint is usable (e.g. --steps 0): the config of the first complete one."""
+    """When no selected checkpoint is usable (e.g. --steps 0): the policy most complete checkpoints share."""
+    cfgs = []
     for _, path in list_checkpoints(run_dir):
         try:
-            return checkpoint_config(path, overrides)
+            cfgs.append(checkpoint_config(path, overrides))
         except CheckpointError:
             continue
-    raise CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint (the base model comes from one)")
+    if not cfgs:
+        raise CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint (the base model comes from one)")
+    return majority_policy(cfgs)
 
 
-def check_same_policy(targets: list[Target]) -> None:
-    if not targets:
-        return
-    first = targets[0]
-    for t in targets[1:]:
-        for key in IDENTITY:
-            if get_key(t.cfg, key) != get_key(first.cfg, key):
-                raise ConfigError(
-                    f"checkpoints disagree on {key}: {first.path} has {get_key(first.cfg, key)!r}, {t.path} has "
-                    f"{get_key(t.cfg, key)!r}; evaluate them in separate calls (--steps)"
-                )
+def majority_policy(cfgs: list[Config]) -> Config:
+    """The config whose IDENTITY values most of `cfgs` (in step order) share; a tie goes to the earliest."""
+    policy = [tuple(repr(get_key(c, k)) for k in IDENTITY) for c in cfgs]
+    counts = Counter(policy)
+    return cfgs[max(range(len(cfgs)), key=lambda i: (counts[policy[i]], -i))]
+
+
+def policy_mismatch(cfg: Config, chosen: Config) -> str | None:
+    """The first IDENTITY key on which `cfg` differs from the chosen policy's, as 'key=value, not value'."""
+    for key in IDENTITY:
+        if get_key(cfg, key) != get_key(chosen, key):
+            return f"{key}={get_key(cfg, key)!r}, not {get_key(chosen, key)!r}"
+    return None
 
 
 def load_adapter(model, path: Path) -> None:
@@ -279,11 +288,18 @@ def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
             usable.append(t)
         except CheckpointError as e:
             skipped.append(str(e))
+    with_cfg = [t for t in usable if t.cfg is not None]
+    cfg = majority_policy([t.cfg for t in with_cfg]) if with_cfg else base_config(run_dir, overrides)
+    for t in with_cfg:
+        mismatch = policy_mismatch(t.cfg, cfg)
+        if mismatch:
+            usable.remove(t)
+            skipped.append(
+                f"{t.path}: config.yaml has another policy than most checkpoints ({mismatch}); evaluate it "
+                f"alone: --steps {t.step} --no-base --name OTHER"
+            )
     for msg in skipped:
         print(f"skip: {msg}", file=sys.stderr, flush=True)
-    with_cfg = [t for t in usable if t.cfg is not None]
-    check_same_policy(with_cfg)
-    cfg = with_cfg[0].cfg if with_cfg else base_config(run_dir, overrides)
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
     for t in usable:
         t.cfg = t.cfg or cfg

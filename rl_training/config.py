@@ -14,6 +14,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -414,20 +415,35 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
-    """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config."""
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] | None = None, required: Sequence[str] = ()
+) -> Config:
+    """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config.
+
+    `required`: dotted keys the file itself must set (a saved config without its model is not all defaults).
+    """
     tree: dict = {}
     where = ""
     if path is not None:
         where = f"{path}: "
         try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
+            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start]:#04x})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        for key in required if isinstance(tree, dict) else ():  # not a mapping: _build says so
+            node: Any = tree
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                raise ConfigError(f"{path}: no {key} (the file must set it; defaults are not assumed)")
     tree = apply_overrides(tree, overrides or [])
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():

@@ -100,6 +100,29 @@ def test_missing_file():
         load_config("nope.yaml")
 
 
+def test_unreadable_file_is_one_line_naming_it(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes("run:\n  name: caf\u00e9\n".encode("latin-1"))  # e-acute is the single byte 0xe9 in Latin-1
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: not UTF-8 text (byte 16: 0xe9)"  # 'run:\n' 5 bytes + '  name: caf' 11
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)  # a directory: IsADirectoryError, an OSError
+    assert str(e.value) == f"{tmp_path}: cannot read (Is a directory)"
+
+
+def test_required_keys_must_be_in_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    for text in ["", "model:\n  dtype: float32\n", "model:\n"]:  # empty, without the key, an empty section
+        p.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(p, required=["model.name_or_path"])
+        assert str(e.value) == f"{p}: no model.name_or_path (the file must set it; defaults are not assumed)"
+    assert load_config(p).model.name_or_path == "models/tiny-qwen2"  # not required: the default, as before
+    p.write_text("model:\n  name_or_path: m\n")
+    assert load_config(p, required=["model.name_or_path"]).model.name_or_path == "m"
+
+
 def test_reference_documents_every_key():
     ref = reference()
     for key in all_keys():

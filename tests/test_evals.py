@@ -516,6 +516,45 @@ def test_results_with_relative_paths_match_absolute_settings(tmp_path, monkeypat
     assert [r["step"] for r in results] == [0] and other == [5]  # step 5: other ks
 
 
+def fake_checkpoint(run_dir: Path, step: int, config: str | bytes) -> None:
+    """A complete checkpoint directory whose adapter is never read (the tests stop before loading weights)."""
+    path = run_dir / "checkpoints" / f"step_{step:06d}"
+    (path / "adapter").mkdir(parents=True)
+    (path / ADAPTER).write_bytes(b"")
+    (path / "COMPLETE").write_text("ok\n")
+    (path / "config.yaml").write_bytes(config if isinstance(config, bytes) else config.encode())
+
+
+def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
+    from evals.run import usable_targets
+    from rl_training.config import to_yaml
+
+    a, b = (to_yaml(load_config(None, [f"model.name_or_path=/models/{m}", "rollout.backend=hf"])) for m in "ab")
+    for step, text in [(1, b), (2, a), (3, a), (4, ""), (5, b"model:\n  name_or_path: caf\xe9\n")]:
+        fake_checkpoint(tmp_path, step, text)
+    over = ["ckpt.resume=none"]
+    usable, skipped, cfg = usable_targets(tmp_path, "all", True, over)
+    # Policy a (steps 2, 3: two votes) wins over b (step 1: one vote, though earlier); step 4's empty config
+    # would be all defaults, step 5's is Latin-1 ('model:\n' 7 bytes + '  name_or_path: ' 16 + 'caf' 3 = 26).
+    assert cfg.model.name_or_path == "/models/a" and [t.step for t in usable] == [0, 2, 3]
+    ck = tmp_path / "checkpoints"
+    assert skipped == [
+        f"{ck}/step_000004: unusable config.yaml ({ck}/step_000004/config.yaml: no model.name_or_path (the file "
+        "must set it; defaults are not assumed))",
+        f"{ck}/step_000005: unusable config.yaml ({ck}/step_000005/config.yaml: not UTF-8 text (byte 26: 0xe9))",
+        f"{ck}/step_000001: config.yaml has another policy than most checkpoints (model.name_or_path="
+        "'/models/b', not '/models/a'); evaluate it alone: --steps 1 --no-base --name OTHER",
+    ]
+    assert capsys.readouterr().err.splitlines() == [f"skip: {m}" for m in skipped]  # one line each
+    # A tie goes to the earliest checkpoint: step 1 (b) against step 2 (a).
+    usable, skipped, cfg = usable_targets(tmp_path, "1,2", False, over)
+    assert cfg.model.name_or_path == "/models/b" and [t.step for t in usable] == [1]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{ck}/step_000002: config.yaml has another policy")
+    # Step 0 alone: the base model of the policy most of the run's usable checkpoints share.
+    usable, skipped, cfg = usable_targets(tmp_path, "0", True, over)
+    assert cfg.model.name_or_path == "/models/a" and [t.step for t in usable] == [0] and skipped == []
+
+
 def test_eval_name_cannot_be_a_path(tmp_path, capsys):
     from evals import run as evals_run
 
@@ -588,10 +627,14 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     broken = tmp_path / "broken"
     shutil.copytree(trained_run, broken)
     (broken / "checkpoints" / "step_000001" / "COMPLETE").unlink()
+    shutil.copytree(broken / "checkpoints" / "step_000002", broken / "checkpoints" / "step_000003")
+    odd = broken / "checkpoints" / "step_000003" / "config.yaml"
+    odd.write_text(odd.read_text().replace("  r: 8\n", "  r: 4\n"))  # another policy: skipped, not fatal
     (broken / "checkpoints" / "step_000002" / ADAPTER).write_bytes(b"\x00" * 100)
-    rc = evals_run.main(["--run-dir", str(broken), "--backend", "hf", "--redo", "--steps", "1,2,7"])
+    rc = evals_run.main(["--run-dir", str(broken), "--backend", "hf", "--redo", "--steps", "1,2,3,7"])
     err = capsys.readouterr().err
     assert rc == 3
+    assert "step_000003: config.yaml has another policy than most checkpoints (lora.r=4, not 8)" in err
     assert "step_000001: incomplete checkpoint (no COMPLETE marker)" in err
     assert f"step_000002/{ADAPTER}: unreadable" in err and "step_000007: no such checkpoint" in err
     redone = json.loads((broken / "eval" / "reverse_heldout" / "step_000000.json").read_text())
