@@ -1,7 +1,8 @@
 """What `python -m evals.run` makes from the per-checkpoint results: summary.csv, PNG plots, TensorBoard scalars.
 
 Everything is rebuilt from the step_NNNNNN.json files of one eval directory, so a re-run that evaluates
-only new checkpoints still produces complete tables and curves.
+only new checkpoints still produces complete tables and curves, and one that re-evaluates them (--redo)
+does not add a second point for a step.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
+
+from rl_training.config import absolute_path
 
 # Plots: (file stem, title, metric keys drawn in it). `{k}` expands to one line per k.
 PLOTS = [
@@ -29,11 +32,17 @@ def load_results(out_dir: Path, settings: dict | None = None) -> tuple[list[dict
     results, other = [], []
     for path in sorted(Path(out_dir).glob("step_*.json")):
         r = json.loads(path.read_text())
-        if settings is not None and r["settings"] != settings:
+        if settings is not None and _with_absolute_paths(r["settings"]) != settings:
             other.append(r["step"])
         else:
             results.append(r)
     return sorted(results, key=lambda r: r["step"]), other
+
+
+def _with_absolute_paths(settings: dict) -> dict:
+    """Results saved before configs held absolute paths name the model and dataset relative to the directory
+    the eval ran in; resolved from here (as they were then) they compare equal to today's absolute ones."""
+    return {**settings, **{k: absolute_path(settings[k]) for k in ("dataset", "base_model") if k in settings}}
 
 
 def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Path) -> None:
@@ -108,29 +117,23 @@ def write_plots(results: Sequence[dict], ks: Sequence[int], plot_dir: Path, titl
     return [*written, plot_dir / "overview.png"]
 
 
-class TensorBoardScalars:
-    """eval/<name>/<metric> scalars written into the run's own tb/ directory at each checkpoint's step.
+def write_tensorboard(results: Sequence[dict], tb_dir: Path, name: str) -> None:
+    """eval/<name>/<metric> scalars at each checkpoint's step, in tb_dir alone (RUN/tb/eval_<name>/).
 
-    A second SummaryWriter on the training log's directory adds its own event file; TensorBoard merges the
-    files of a directory, so eval and training curves appear in one run.
+    The directory's event files are deleted and written again from `results`, in step order, on every
+    call: a --redo or a run that adds checkpoints leaves exactly one point per step. It sits under the
+    training log's directory, so `tensorboard --logdir RUN/tb` shows it as a run beside training.
     """
+    from torch.utils.tensorboard import SummaryWriter
 
-    def __init__(self, tb_dir: Path | None, name: str):
-        self.prefix = f"eval/{name}/"
-        self.writer = None
-        if tb_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(tb_dir))
-
-    def add(self, step: int, metrics: dict[str, float], timing: dict[str, float]) -> None:
-        if self.writer is None:
-            return
-        for k, v in metrics.items():
-            self.writer.add_scalar(self.prefix + k, v, step)
-        self.writer.add_scalar(self.prefix + "problems_per_s", timing["problems_per_s"], step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    tb_dir.mkdir(parents=True, exist_ok=True)
+    for old in tb_dir.glob("events.out.tfevents.*"):
+        old.unlink()
+    writer = SummaryWriter(str(tb_dir))
+    try:
+        for r in sorted(results, key=lambda r: r["step"]):
+            for k, v in r["metrics"].items():
+                writer.add_scalar(f"eval/{name}/{k}", v, r["step"])
+            writer.add_scalar(f"eval/{name}/problems_per_s", r["timing"]["problems_per_s"], r["step"])
+    finally:
+        writer.close()

@@ -7,8 +7,10 @@
         --question-key problem --answer-key answer data.max_prompt_tokens=1024
     python -m evals.run --run-dir runs/tiny_cpu vllm.kv_cache_gb=0.1   # key=value: any config key but model/lora
 
-Each checkpoint's base model, adapter shape and prompt template come from its own saved config.yaml
-(checkpoints that disagree on them are refused: evaluate them in separate calls). The policy and the
+Each checkpoint's base model, adapter shape and prompt template come from its own saved config.yaml, which
+must name its model. The policy most of the selected checkpoints share is evaluated (a tie: the earliest
+checkpoint's); a checkpoint whose config disagrees with it is reported and skipped (evaluate it alone with
+--steps N --no-base --name OTHER), and step 0 is that policy's base model. The policy and the
 rollout engine are built once; each checkpoint's adapter is loaded into the same peft model and, with
 vLLM, pushed into the live engine (`sync_weights`), so there is no rebuild per checkpoint. Step 0 is the
 same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.e. the base model.
@@ -16,9 +18,11 @@ same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.
 Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
 summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard
-scalars eval/NAME/<metric> in RUN/tb. A step whose JSON exists with the same settings is not evaluated
-again unless --redo. A missing or corrupt checkpoint is reported in one line and skipped, the others are
-evaluated, and the exit status is 3. Bad input: one-line error, exit status 2.
+scalars eval/NAME/<metric> in RUN/tb/eval_NAME/ (a run beside training's under `tensorboard --logdir
+RUN/tb`). All of these are rebuilt from the step JSON files on every call, so each step has exactly one
+point. A step whose JSON exists with the same settings is not evaluated again unless --redo. A missing or
+corrupt checkpoint is reported in one line and skipped, the others are evaluated, and the exit status is 3.
+Bad input: one-line error, exit status 2.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import dataclasses
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +40,10 @@ import torch
 
 from evals.evaluate import EvalSettings, evaluate_policy, step_name, write_step_result
 from evals.metrics import metric_names, summarize
-from evals.report import TensorBoardScalars, load_results, write_plots, write_summary_csv
+from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
-from rl_training.config import Config, ConfigError, load_config
+from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.errors import USER_ERRORS
@@ -47,6 +52,7 @@ from rl_training.rewards import TASKS
 from rl_training.rollout.base import resolve_backend_name
 
 EXIT_SKIPPED = 3
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 ADAPTER_FILE = "adapter/adapter_model.safetensors"
 # What must be the same for every checkpoint of one call: the policy being built and how it is prompted.
 IDENTITY = [
@@ -71,11 +77,6 @@ class Target:
     step: int
     path: Path | None  # None: the step-0 base model
     cfg: Config | None = None
-
-
-def _get(cfg: Config, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
 
 
 def cli_overrides(a: argparse.Namespace) -> list[str]:
@@ -135,32 +136,42 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
         if not (path / name).is_file():
             raise CheckpointError(f"{path}: missing {name}")
     try:
-        return load_config(path / "config.yaml", overrides)
+        # An empty or truncated config.yaml would otherwise load as the defaults: another base model.
+        cfg = load_config(path / "config.yaml", overrides, required=["model.name_or_path"])
     except ConfigError as e:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
+    # Configs saved before runners wrote absolute paths name them relative to the training directory: read
+    # from here, as they always were, so that they compare equal to newer checkpoints' absolute ones.
+    resolve_paths(cfg)
+    return cfg
 
 
 def base_config(run_dir: Path, overrides: list[str]) -> Config:
-    """When no selected checkpoint is usable (e.g. --steps 0): the config of the first complete one."""
+    """When no selected checkpoint is usable (e.g. --steps 0): the policy most complete checkpoints share."""
+    cfgs = []
     for _, path in list_checkpoints(run_dir):
         try:
-            return checkpoint_config(path, overrides)
+            cfgs.append(checkpoint_config(path, overrides))
         except CheckpointError:
             continue
-    raise CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint (the base model comes from one)")
+    if not cfgs:
+        raise CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint (the base model comes from one)")
+    return majority_policy(cfgs)
 
 
-def check_same_policy(targets: list[Target]) -> None:
-    if not targets:
-        return
-    first = targets[0]
-    for t in targets[1:]:
-        for key in IDENTITY:
-            if _get(t.cfg, key) != _get(first.cfg, key):
-                raise ConfigError(
-                    f"checkpoints disagree on {key}: {first.path} has {_get(first.cfg, key)!r}, {t.path} has "
-                    f"{_get(t.cfg, key)!r}; evaluate them in separate calls (--steps)"
-                )
+def majority_policy(cfgs: list[Config]) -> Config:
+    """The config whose IDENTITY values most of `cfgs` (in step order) share; a tie goes to the earliest."""
+    policy = [tuple(repr(get_key(c, k)) for k in IDENTITY) for c in cfgs]
+    counts = Counter(policy)
+    return cfgs[max(range(len(cfgs)), key=lambda i: (counts[policy[i]], -i))]
+
+
+def policy_mismatch(cfg: Config, chosen: Config) -> str | None:
+    """The first IDENTITY key on which `cfg` differs from the chosen policy's, as 'key=value, not value'."""
+    for key in IDENTITY:
+        if get_key(cfg, key) != get_key(chosen, key):
+            return f"{key}={get_key(cfg, key)!r}, not {get_key(chosen, key)!r}"
+    return None
 
 
 def load_adapter(model, path: Path) -> None:
@@ -226,6 +237,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
     run_dir = Path(a.run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: no such run directory")
+    if a.name is not None and not _NAME.fullmatch(a.name):  # a path here would let the TB rebuild escape tb/
+        raise ConfigError(f"--name {a.name!r}: use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)")
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")
@@ -259,6 +272,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
         print(f"summary ignores steps {other}: evaluated with other settings")
     if results:
         report(results, es, settings, out_dir, f"{run_dir.name}: {name}")
+        if cfg.run.tensorboard:
+            write_tensorboard(results, run_dir / "tb" / f"eval_{name}", name)
     return EXIT_SKIPPED if n_skipped else 0
 
 
@@ -273,11 +288,18 @@ def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
             usable.append(t)
         except CheckpointError as e:
             skipped.append(str(e))
+    with_cfg = [t for t in usable if t.cfg is not None]
+    cfg = majority_policy([t.cfg for t in with_cfg]) if with_cfg else base_config(run_dir, overrides)
+    for t in with_cfg:
+        mismatch = policy_mismatch(t.cfg, cfg)
+        if mismatch:
+            usable.remove(t)
+            skipped.append(
+                f"{t.path}: config.yaml has another policy than most checkpoints ({mismatch}); evaluate it "
+                f"alone: --steps {t.step} --no-base --name OTHER"
+            )
     for msg in skipped:
         print(f"skip: {msg}", file=sys.stderr, flush=True)
-    with_cfg = [t for t in usable if t.cfg is not None]
-    check_same_policy(with_cfg)
-    cfg = with_cfg[0].cfg if with_cfg else base_config(run_dir, overrides)
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
     for t in usable:
         t.cfg = t.cfg or cfg
@@ -320,7 +342,6 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     backend = build_backend(cfg, model, tokenizer, info)
     print(f"built the {backend.name} engine once for {len(todo)} evaluations in {time.perf_counter() - t0:.1f} s")
     out_dir = run_dir / "eval" / name
-    tb = TensorBoardScalars(run_dir / "tb" if cfg.run.tensorboard else None, name)
     bar = tqdm(
         total=len(todo) * len(examples),
         desc="eval",
@@ -362,11 +383,9 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
             }
             write_step_result(out_dir, t.step, result, records)
-            tb.add(t.step, metrics, timing)
             bar.write(f"{step_name(t.step)}: " + _one_line(metrics, timing))
     finally:
         bar.close()
-        tb.close()
         backend.close()
     return failed
 

@@ -14,6 +14,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -414,20 +415,35 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> Config:
-    """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config."""
+def load_config(
+    path: str | os.PathLike | None, overrides: list[str] | None = None, required: Sequence[str] = ()
+) -> Config:
+    """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config.
+
+    `required`: dotted keys the file itself must set (a saved config without its model is not all defaults).
+    """
     tree: dict = {}
     where = ""
     if path is not None:
         where = f"{path}: "
         try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
+            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start]:#04x})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        for key in required if isinstance(tree, dict) else ():  # not a mapping: _build says so
+            node: Any = tree
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                raise ConfigError(f"{path}: no {key} (the file must set it; defaults are not assumed)")
     tree = apply_overrides(tree, overrides or [])
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
@@ -457,6 +473,43 @@ def check_sync_target(remote: str, bucket: str, path: str, where: str = "") -> N
     for key, value in (("bucket", bucket), ("path", path)):
         if _UNSAFE_PATH_CHARS & set(value):
             raise ConfigError(f'{where}sync.{key} may not contain any of " $ ` \\ : , or a newline')
+
+
+def get_key(cfg: Config, key: str) -> Any:
+    """The value of a dotted key such as 'model.name_or_path'."""
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+# Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
+# ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
+PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume"]
+
+
+def absolute_path(value: str) -> str:
+    """`value` as an absolute path when it names something on disk, else unchanged (a hub id such as
+    'Qwen/Qwen2.5-1.5B-Instruct'). A `datasets` spec 'DIR[:config]@split' whose DIR is local gets an
+    absolute DIR. Symlinks are kept (os.path.abspath, not resolve)."""
+    if not value or os.path.isabs(value):
+        return value
+    if Path(value).expanduser().exists():
+        return os.path.abspath(os.path.expanduser(value))
+    name, at, split = value.partition("@")
+    name, colon, config = name.partition(":")
+    if at and name and Path(name).expanduser().exists():
+        return os.path.abspath(os.path.expanduser(name)) + colon + config + at + split
+    return value
+
+
+def resolve_paths(cfg: Config) -> None:
+    """Local paths in PATH_KEYS and run.output_dir (always local) made absolute, in place: a saved
+    config.yaml then means the same from any working directory (evals.run reads the checkpoints' ones)."""
+    for key in PATH_KEYS:
+        value = get_key(cfg, key)
+        if key != "ckpt.resume" or value not in ("none", "latest"):
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, absolute_path(value))
+    cfg.run.output_dir = os.path.abspath(os.path.expanduser(cfg.run.output_dir))
 
 
 def to_dict(cfg: Config, redact: bool = True) -> dict:

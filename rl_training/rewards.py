@@ -8,9 +8,14 @@ Graders
 - `math_reward`: math-verify (HF) equivalence of the completion's final answer with the reference. It
   handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
   The reference is a bare final answer (data/sources.py normalises it), so it is parsed as the content of
-  a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. A
-  completion that commits to '#### N' (and has no \\boxed) is graded on the text after its last '#### N'
-  up to the end of that line, so numbers in text generated after the answer do not replace it.
+  a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. The
+  completion's answer is the content of its last complete \\boxed{} alone (braces matched), so an earlier
+  boxed guess is not graded with it as a set. Boxed content that is a number followed by plain words
+  ('18 dollars', '1,234 pages') is graded as the number: math-verify knows unit words such as 'cm' or
+  'hours' but reads 'dollars' as a product of symbols. The first word needs 2+ letters, so '5 x' stays
+  algebra; LaTeX content ('18\\text{ dollars}') is left to math-verify. A completion without a complete
+  \\boxed{} that commits to '#### N' is graded on the text after its last '#### N' up to the end of that
+  line, so numbers in text generated after the answer do not replace it.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -24,6 +29,8 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from rl_training.data.sources import last_boxed
 
 RewardFn = Callable[[str, str], float]
 
@@ -50,15 +57,24 @@ def math_gold(reference: str) -> list:
     return _mv_parse(reference if "$" in reference or "\\" in reference else f"${reference}$")
 
 
+# A number (sign, '$', thousands commas, decimals, a simple fraction) then plain words: the words are a unit.
+_NUMBER_THEN_WORDS = re.compile(
+    r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?)"
+    r"\s+[A-Za-z]{2,}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
+)
+
+
 def math_answer(completion: str) -> list:
-    """The parsed final answer of a completion: the last \\boxed{} (math-verify prefers it), else the line
-    after the last '#### N', else whatever math-verify extracts from the whole text (empty when nothing)."""
-    if "\\boxed" not in completion and "\\fbox" not in completion:
-        marked = _HASH_ANSWER.findall(completion)
-        answer = _mv_parse(marked[-1]) if marked else []
-        if answer:
-            return answer
-    return _mv_parse(completion)
+    """The parsed final answer of a completion: its last complete \\boxed{} (a number before plain words
+    read as the number), else the line after the last '#### N', else whatever math-verify extracts from
+    the whole text (empty when nothing)."""
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        unit = _NUMBER_THEN_WORDS.fullmatch(boxed)
+        return _mv_parse(f"\\boxed{{{unit.group(1) if unit else boxed}}}")
+    marked = _HASH_ANSWER.findall(completion)
+    answer = _mv_parse(marked[-1]) if marked else []
+    return answer or _mv_parse(completion)
 
 
 def math_reward(completion: str, reference: str) -> float:

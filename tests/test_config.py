@@ -100,6 +100,29 @@ def test_missing_file():
         load_config("nope.yaml")
 
 
+def test_unreadable_file_is_one_line_naming_it(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes("run:\n  name: caf\u00e9\n".encode("latin-1"))  # e-acute is the single byte 0xe9 in Latin-1
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: not UTF-8 text (byte 16: 0xe9)"  # 'run:\n' 5 bytes + '  name: caf' 11
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)  # a directory: IsADirectoryError, an OSError
+    assert str(e.value) == f"{tmp_path}: cannot read (Is a directory)"
+
+
+def test_required_keys_must_be_in_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    for text in ["", "model:\n  dtype: float32\n", "model:\n"]:  # empty, without the key, an empty section
+        p.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(p, required=["model.name_or_path"])
+        assert str(e.value) == f"{p}: no model.name_or_path (the file must set it; defaults are not assumed)"
+    assert load_config(p).model.name_or_path == "models/tiny-qwen2"  # not required: the default, as before
+    p.write_text("model:\n  name_or_path: m\n")
+    assert load_config(p, required=["model.name_or_path"]).model.name_or_path == "m"
+
+
 def test_reference_documents_every_key():
     ref = reference()
     for key in all_keys():
@@ -114,3 +137,26 @@ def test_readme_config_reference_is_current():
 def test_string_overrides_are_verbatim():
     cfg = load_config(None, ["data.prompt_template=Q: {question}\nA:", "run.name=123"])
     assert cfg.data.prompt_template == "Q: {question}\nA:" and cfg.run.name == "123"
+
+
+def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
+    from rl_training.config import resolve_paths
+
+    monkeypatch.chdir(tmp_path)
+    for d in ["models/m", "math500", "latest"]:  # 'latest' as a directory: ckpt.resume=latest is still the keyword
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "train.jsonl").write_text("")
+    over = ["model.name_or_path=models/m", "data.train=./train.jsonl", "data.eval=math500:main@test"]
+    cfg = load_config(None, [*over, "run.output_dir=runs", "ckpt.resume=latest"])
+    resolve_paths(cfg)
+    assert cfg.model.name_or_path == f"{tmp_path}/models/m"
+    assert cfg.data.train == f"{tmp_path}/train.jsonl"  # './' dropped
+    assert cfg.data.eval == f"{tmp_path}/math500:main@test"  # a local `datasets` directory, config and split kept
+    assert cfg.run.output_dir == f"{tmp_path}/runs"  # made by the run: absolute before it exists
+    assert cfg.ckpt.resume == "latest"
+    # Hub ids and `datasets` names that are not on disk stay as they are; absolute paths too.
+    hub = ["model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct", "data.train=openai/gsm8k:main@train"]
+    cfg = load_config(None, [*hub, "data.eval=/abs/heldout.jsonl", f"ckpt.resume={tmp_path / 'latest'}"])
+    resolve_paths(cfg)
+    assert (cfg.model.name_or_path, cfg.data.train) == ("Qwen/Qwen2.5-1.5B-Instruct", "openai/gsm8k:main@train")
+    assert cfg.data.eval == "/abs/heldout.jsonl" and cfg.ckpt.resume == f"{tmp_path}/latest"

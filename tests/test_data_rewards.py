@@ -28,6 +28,10 @@ def test_math_reference_is_last_boxed(tmp_path):
     (ex,) = load_examples(str(p), "math", question_key="problem", answer_key="solution")
     assert ex.reference == r"\frac{1}{2}"
     assert last_boxed(r"\boxed{a{b}c}") == "a{b}c" and last_boxed("none") is None
+    assert last_boxed(r"\fbox{1} then \boxed{2} then \fbox{ 3 }") == "3"  # the last of either, stripped
+    assert last_boxed(r"\boxed{\{1\}} and \boxed{\left\{ x \right\}}") == r"\left\{ x \right\}"
+    assert last_boxed(r"\boxed{4} then \boxed{5") == "4"  # an open box is passed over
+    assert last_boxed(r"\boxed 4 and \frac{1}{2}") is None  # no brace right after \boxed: no box
 
 
 def test_parquet_source(tmp_path):

@@ -206,6 +206,31 @@ def test_eval_config_checks_k_against_samples():
         (r"\boxed{18 \text{ dollars}}", "18", 1.0),
         (r"\boxed{5\text{ cm}}", "5", 1.0),
         ("#### 18%", "18", 1.0),
+        # a bare unit word in the box: the number is graded (math-verify alone reads '18 dollars' as 18*d*o*...)
+        (r"\boxed{18 dollars}", "18", 1.0),
+        (r"\boxed{18 dollars}", "19", 0.0),  # ... and still compared
+        (r"\boxed{12 cookies}", "12", 1.0),
+        (r"\boxed{3 books}", "3", 1.0),
+        (r"\boxed{1,234 pages}", "1234", 1.0),
+        (r"\boxed{40 people}", "40", 1.0),
+        (r"\boxed{-6 eggs}", "-6", 1.0),
+        (r"\boxed{2.5 points}", "2.5", 1.0),
+        (r"\boxed{7 weeks}", "7", 1.0),
+        (r"\boxed{\$15 per hour.}", "15", 1.0),
+        (r"\boxed{1/2 cup}", "0.5", 1.0),
+        (r"\boxed{9 blue marbles}", "9", 1.0),
+        (r"\boxed{5 x}", "5", 0.0),  # one letter is algebra: 5x, not 5
+        (r"\boxed{x^2}", "x^2", 1.0),
+        (r"\boxed{\frac{1}{2}}", "1/2", 1.0),
+        # several boxes: the last complete one alone (math-verify alone grades {5, 7} as a set)
+        (r"First guess \boxed{5}. Wait: \boxed{7}", "7", 1.0),
+        (r"First guess \boxed{5}. Wait: \boxed{7}", "5", 0.0),
+        (r"$\boxed{2}$, no: $\boxed{\frac{1}{2}}$", "0.5", 1.0),  # braces matched through \frac{1}{2}
+        (r"\boxed{\{1, 2\}} or maybe \boxed{3}", "3", 1.0),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),  # escaped braces do not close the box
+        (r"So \boxed{5}. Or \boxed{1", "5", 1.0),  # a box cut off by the token limit is passed over
+        (r"#### 4 then \boxed{9}", "9", 1.0),  # a complete box beats '#### N'
+        (r"\fbox{7}", "7", 1.0),
         # trailing text after the answer
         (r"The answer is \boxed{72}. Check: 70 + 2 = 72, and 5 is not it.", "72", 1.0),
         ("#### 72 apples.", "72", 1.0),
@@ -244,6 +269,9 @@ def test_format_check_and_answer_classes():
     # 0.5 and 1/2 are one vote; no answer does not vote; '#### 3' and '3.0 apples' agree
     texts = ["#### 0.5", r"\boxed{\frac12}", "no idea", "#### 3", "#### 3.0 apples\nthen 99", ""]
     assert math_answer_classes(texts) == [0, 0, None, 1, 1, None]
+    # votes use the graded answer too: the last box (7, not {5, 7}), the number before a unit word
+    texts = [r"\boxed{5}. Wait: \boxed{7}", "#### 7", r"\boxed{7 dollars}", r"\boxed{5}"]
+    assert math_answer_classes(texts) == [0, 0, 0, 1]
     assert TASKS["reverse"].answer_classes([" ab", "ab ", "", "ba"], 1.0) == [0, 0, None, 1]
 
 
@@ -447,12 +475,95 @@ def recompute(problems: list[dict], ks: list[int]) -> dict[str, float]:
     return out
 
 
-def tb_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+def tb_scalars(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """Every point of `tag` in the event files of tb_dir, repeats included (purging would hide them)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir / "tb"))
+    acc = EventAccumulator(str(tb_dir), purge_orphaned_data=False)
     acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def test_eval_tensorboard_is_rebuilt_not_appended(tmp_path):
+    from evals.report import write_tensorboard
+
+    def results(acc):  # steps given out of order: the log is written in step order
+        return [{"step": s, "metrics": {"accuracy": a}, "timing": {"problems_per_s": 10.0}} for s, a in acc]
+
+    tb = tmp_path / "tb" / "eval_x"
+    write_tensorboard(results([(5, 0.5), (0, 0.25)]), tb, "x")
+    write_tensorboard(results([(10, 0.75), (0, 0.25), (5, 0.625)]), tb, "x")  # a --redo of 5, a new step 10
+    assert tb_scalars(tb, "eval/x/accuracy") == [(0, 0.25), (5, 0.625), (10, 0.75)]  # once each, newest values
+    assert tb_scalars(tb, "eval/x/problems_per_s") == [(0, 10.0), (5, 10.0), (10, 10.0)]
+    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+
+
+def test_results_with_relative_paths_match_absolute_settings(tmp_path, monkeypatch):
+    """Results saved before configs held absolute paths still count as made with the same settings when
+    their relative paths, read from the working directory, name the same model and data."""
+    from evals.report import load_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d.jsonl").write_text("")
+    old = {"dataset": "d.jsonl", "base_model": "m", "ks": [1]}
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "step_000000.json").write_text(json.dumps({"step": 0, "settings": old}))
+    (out / "step_000005.json").write_text(json.dumps({"step": 5, "settings": {**old, "ks": [2]}}))
+    now = {"dataset": f"{tmp_path}/d.jsonl", "base_model": f"{tmp_path}/m", "ks": [1]}
+    results, other = load_results(out, now)
+    assert [r["step"] for r in results] == [0] and other == [5]  # step 5: other ks
+
+
+def fake_checkpoint(run_dir: Path, step: int, config: str | bytes) -> None:
+    """A complete checkpoint directory whose adapter is never read (the tests stop before loading weights)."""
+    path = run_dir / "checkpoints" / f"step_{step:06d}"
+    (path / "adapter").mkdir(parents=True)
+    (path / ADAPTER).write_bytes(b"")
+    (path / "COMPLETE").write_text("ok\n")
+    (path / "config.yaml").write_bytes(config if isinstance(config, bytes) else config.encode())
+
+
+def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
+    from evals.run import usable_targets
+    from rl_training.config import to_yaml
+
+    a, b = (to_yaml(load_config(None, [f"model.name_or_path=/models/{m}", "rollout.backend=hf"])) for m in "ab")
+    for step, text in [(1, b), (2, a), (3, a), (4, ""), (5, b"model:\n  name_or_path: caf\xe9\n")]:
+        fake_checkpoint(tmp_path, step, text)
+    over = ["ckpt.resume=none"]
+    usable, skipped, cfg = usable_targets(tmp_path, "all", True, over)
+    # Policy a (steps 2, 3: two votes) wins over b (step 1: one vote, though earlier); step 4's empty config
+    # would be all defaults, step 5's is Latin-1 ('model:\n' 7 bytes + '  name_or_path: ' 16 + 'caf' 3 = 26).
+    assert cfg.model.name_or_path == "/models/a" and [t.step for t in usable] == [0, 2, 3]
+    ck = tmp_path / "checkpoints"
+    assert skipped == [
+        f"{ck}/step_000004: unusable config.yaml ({ck}/step_000004/config.yaml: no model.name_or_path (the file "
+        "must set it; defaults are not assumed))",
+        f"{ck}/step_000005: unusable config.yaml ({ck}/step_000005/config.yaml: not UTF-8 text (byte 26: 0xe9))",
+        f"{ck}/step_000001: config.yaml has another policy than most checkpoints (model.name_or_path="
+        "'/models/b', not '/models/a'); evaluate it alone: --steps 1 --no-base --name OTHER",
+    ]
+    assert capsys.readouterr().err.splitlines() == [f"skip: {m}" for m in skipped]  # one line each
+    # A tie goes to the earliest checkpoint: step 1 (b) against step 2 (a).
+    usable, skipped, cfg = usable_targets(tmp_path, "1,2", False, over)
+    assert cfg.model.name_or_path == "/models/b" and [t.step for t in usable] == [1]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{ck}/step_000002: config.yaml has another policy")
+    # Step 0 alone: the base model of the policy most of the run's usable checkpoints share.
+    usable, skipped, cfg = usable_targets(tmp_path, "0", True, over)
+    assert cfg.model.name_or_path == "/models/a" and [t.step for t in usable] == [0] and skipped == []
+
+
+def test_eval_name_cannot_be_a_path(tmp_path, capsys):
+    from evals import run as evals_run
+
+    # RUN/tb/eval_NAME is emptied on every call: '../..' would reach outside it.
+    assert evals_run.main(["--run-dir", str(tmp_path), "--name", "../.."]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --name '../..': use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)\n"
+    )
 
 
 @pytest.mark.slow
@@ -485,9 +596,10 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     # The in-loop eval of step 2 (live policy) and evals.run on checkpoint 2 are the same code and numbers.
     inloop = json.loads((trained_run / "eval" / "inloop" / "step_000002.json").read_text())
     assert inloop["metrics"] == json.loads((out / "step_000002.json").read_text())["metrics"]
-    # TensorBoard: eval curves in the run's own log, next to training's.
-    assert [s for s, _ in tb_scalars(trained_run, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
-    assert [s for s, _ in tb_scalars(trained_run, "rollout/reward_mean")] == [1, 2]
+    # TensorBoard: eval curves in RUN/tb/eval_NAME, a run beside training's (RUN/tb) under --logdir RUN/tb.
+    tb_eval = trained_run / "tb" / "eval_reverse_heldout"
+    assert [s for s, _ in tb_scalars(tb_eval, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
+    assert [s for s, _ in tb_scalars(trained_run / "tb", "rollout/reward_mean")] == [1, 2]
     for png in ["overview.png", "pass_at_k.png", "maj_at_k.png", "accuracy.png", "truncation_rate.png"]:
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
@@ -497,6 +609,17 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf"]) == 0
     assert capsys.readouterr().out.count("already evaluated") == 3
     assert before == {p.name: p.stat().st_mtime_ns for p in out.glob("step_*.json")}
+    # --redo of step 2: the eval log is rebuilt from the step files, so every step is there exactly once.
+    redo = ["--run-dir", str(trained_run), "--backend", "hf", "--redo", "--steps", "2", "--no-base"]
+    assert evals_run.main(redo) == 0
+    assert capsys.readouterr().out.count("already evaluated") == 0
+    assert len(list(tb_eval.glob("events.out.tfevents.*"))) == 1
+    for key in ["pass@4", "accuracy", "maj@2"]:
+        points = tb_scalars(tb_eval, f"eval/reverse_heldout/{key}")
+        assert [s for s, _ in points] == [0, 1, 2]
+        saved = [json.loads((out / f"step_{s:06d}.json").read_text())["metrics"][key] for s in (0, 1, 2)]
+        assert [v for _, v in points] == pytest.approx(saved, abs=1e-6)  # TensorBoard stores float32
+    assert tb_scalars(trained_run / "tb", "eval/reverse_heldout/pass@4") == []  # none in the training log
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf", "--k", "1,2"]) == 2
     assert "other settings" in capsys.readouterr().err
 
@@ -504,10 +627,14 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     broken = tmp_path / "broken"
     shutil.copytree(trained_run, broken)
     (broken / "checkpoints" / "step_000001" / "COMPLETE").unlink()
+    shutil.copytree(broken / "checkpoints" / "step_000002", broken / "checkpoints" / "step_000003")
+    odd = broken / "checkpoints" / "step_000003" / "config.yaml"
+    odd.write_text(odd.read_text().replace("  r: 8\n", "  r: 4\n"))  # another policy: skipped, not fatal
     (broken / "checkpoints" / "step_000002" / ADAPTER).write_bytes(b"\x00" * 100)
-    rc = evals_run.main(["--run-dir", str(broken), "--backend", "hf", "--redo", "--steps", "1,2,7"])
+    rc = evals_run.main(["--run-dir", str(broken), "--backend", "hf", "--redo", "--steps", "1,2,3,7"])
     err = capsys.readouterr().err
     assert rc == 3
+    assert "step_000003: config.yaml has another policy than most checkpoints (lora.r=4, not 8)" in err
     assert "step_000001: incomplete checkpoint (no COMPLETE marker)" in err
     assert f"step_000002/{ADAPTER}: unreadable" in err and "step_000007: no such checkpoint" in err
     redone = json.loads((broken / "eval" / "reverse_heldout" / "step_000000.json").read_text())
@@ -596,3 +723,41 @@ def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
     assert [p["index"] for p in problems] == list(range(31))  # gathered from both ranks, in order
     last = read_metrics(run_dir)[-1]
     assert last["eval/accuracy"] == summarize(problems, [1, 2, 4])["accuracy"]
+
+
+def test_saved_configs_hold_absolute_paths_for_evals_run_from_anywhere(tiny_model, reverse_data, tmp_path, monkeypatch):
+    """The README workflow with relative paths: SFT, then RL from runs/x_sft/final_model, both started in
+    the training directory; evals.run is then started elsewhere and still finds the model and the data."""
+    import yaml
+
+    from evals import run as evals_run
+    from rl_training.runners import sft_runner
+
+    train_dir, elsewhere = tmp_path / "train", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (train_dir / "models").mkdir(parents=True)
+    (train_dir / "models" / "tiny").symlink_to(tiny_model)
+    (train_dir / "data").symlink_to(reverse_data)
+    monkeypatch.chdir(train_dir)
+    data = ["data.train=data/train.jsonl", "data.eval=data/heldout.jsonl", "run.output_dir=runs"]
+    sft = ["model.name_or_path=models/tiny", *data, "run.name=x_sft", "sft.steps=1", "sft.warmup_steps=0"]
+    assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *sft]) == 0
+    rl = ["model.name_or_path=runs/x_sft/final_model", *data, "run.name=x", "train.total_steps=1", "ckpt.every=1"]
+    assert rl_runner.main(["--cfg", TESTCFG, *rl]) == 0
+
+    here, run_dir = Path.cwd(), train_dir / "runs" / "x"  # cwd: what a relative path meant during training
+    final_model = f"{here}/runs/x_sft/final_model"
+    for path, model in [
+        (train_dir / "runs" / "x_sft" / "config.yaml", f"{here}/models/tiny"),
+        (run_dir / "config.yaml", final_model),
+        (run_dir / "checkpoints" / "step_000001" / "config.yaml", final_model),
+    ]:
+        cfg = yaml.safe_load(path.read_text())
+        assert cfg["model"]["name_or_path"] == model, path
+        assert cfg["data"]["eval"] == f"{here}/data/heldout.jsonl" and cfg["run"]["output_dir"] == f"{here}/runs"
+
+    monkeypatch.chdir(elsewhere)
+    args = ["--run-dir", str(run_dir), "--backend", "hf", "--n", "0", "--k", "", "--limit", "4"]
+    assert evals_run.main(args) == 0  # before: exit 2, 'model.name_or_path=runs/x_sft/final_model: no such ...'
+    result = json.loads((run_dir / "eval" / "data_heldout" / "step_000001.json").read_text())
+    assert result["num_problems"] == 4 and result["settings"]["base_model"] == final_model

@@ -11,6 +11,7 @@ References are normalised once here, so rewards receive the bare final answer:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,21 +28,25 @@ class Example:
     source: str  # "file:line" or "dataset@split:row", for error messages and per-problem eval files
 
 
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; None if absent."""
-    for marker in ("\\boxed", "\\fbox"):
-        start = text.rfind(marker)
-        if start < 0:
-            continue
-        i = text.find("{", start)
-        if i < 0:
-            continue
-        depth = 0
-        for j in range(i, len(text)):
+    """Content of the last \\boxed{...} (or \\fbox{...}) whose braces close, stripped; None if there is none.
+
+    Braces are matched, so '\\boxed{\\frac{1}{2}}' gives '\\frac{1}{2}'; escaped ones ('\\{', '\\}') do not
+    count. A box left open (a completion cut off inside it) is passed over for the one before it.
+    """
+    for m in reversed(list(_BOX_OPEN.finditer(text))):
+        depth, j = 1, m.end()
+        while j < len(text):
+            if text[j] == "\\":  # a command or an escaped brace: never a delimiter
+                j += 2
+                continue
             depth += {"{": 1, "}": -1}.get(text[j], 0)
             if depth == 0:
-                return text[i + 1:j].strip()
-        return None
+                return text[m.end() : j].strip()
+            j += 1
     return None
 
 
