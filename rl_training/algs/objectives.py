@@ -15,7 +15,8 @@ Every objective is three choices, each a function (no string switches in the tra
      `train.drop_zero_adv_groups` skips: skipping them saves compute and never changes the gradient.
 
 Papers and departures (each objective's entry below names its paper):
-- Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact (see algs/dr_grpo.py).
+- Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact: `OBJECTIVES["dr_grpo"]` below (advantage in
+  algs/dr_grpo.py).
 - GRPO: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300. Advantages (r - mean)/(std + 1e-6) with the
   unbiased group std; per-sequence token mean, then mean over sequences.
 - DAPO: Yu et al. 2025, arXiv:2503.14476. Clip-higher (0.2 / 0.28) and the token-level mean over the step.
