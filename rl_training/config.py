@@ -379,7 +379,9 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     node: dict = tree
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:  # absent, or an empty section ('lora:' with nothing under it)
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override {key}: '{p}' is not a section")
     node[parts[-1]] = value
@@ -402,7 +404,15 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
             raise _unknown(key, valid, "command line: ")
         # YAML parsing gives overrides the same typing as the file (3 -> int, 1e-4 -> float, [a,b] -> list);
         # string fields take the text verbatim ('Q: {question}' must not become a YAML mapping).
-        value = raw if _leaf_type(key) is str or raw == "" else yaml.safe_load(raw)
+        if _leaf_type(key) is str or raw == "":
+            value = raw
+        else:
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as e:  # '[q_proj' (unclosed list): PyYAML's message spans several lines
+                raise ConfigError(
+                    f"command line: {key}={raw!r} is not a valid YAML value ({getattr(e, 'problem', None) or e})"
+                ) from None
         _set_dotted(tree, key, value)
     return tree
 
@@ -421,6 +431,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections (run:, model:, ...), "
+                f"got a YAML {type(tree).__name__}"
+            )
     tree = apply_overrides(tree, overrides or [])
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():

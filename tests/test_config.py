@@ -95,6 +95,44 @@ def test_yaml_syntax_error_names_line(tmp_path):
         load_config(p)
 
 
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("lora.target_modules=[q_proj", "expected ',' or ']', but got '<stream end>'"),
+        ("optim.lr=[1", "expected ',' or ']', but got '<stream end>'"),
+        ("train.seed=@3", "found character '@' that cannot start any token"),
+    ],
+)
+def test_unparsable_override_is_one_line_error(override, problem, capsys):
+    key, raw = override.split("=", 1)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"command line: {key}={raw!r} is not a valid YAML value ({problem})"
+    # Through a runner's CLI: exit status 2 and exactly that one line on stderr.
+    from rl_training.runners import rl_runner
+
+    assert rl_runner.main(["--cfg", str(CFG_DIR / "testconfig.yaml"), override]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {e.value}"]
+
+
+@pytest.mark.parametrize("text, kind", [("- run\n- model\n", "list"), ("just a string\n", "str")])
+def test_yaml_root_must_be_a_mapping(tmp_path, text, kind):
+    p = tmp_path / "root.yaml"
+    p.write_text(text)
+    for overrides in ([], ["train.seed=1"]):  # with an override it used to be an AttributeError
+        with pytest.raises(ConfigError) as e:
+            load_config(p, overrides)
+        expected = f"{p}: the top level must be a mapping of sections (run:, model:, ...), got a YAML {kind}"
+        assert str(e.value) == expected
+
+
+def test_override_into_empty_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("lora:\ntrain:\n  seed: 3\n")  # 'lora:' with nothing under it is YAML null
+    cfg = load_config(p, ["lora.r=4"])
+    assert (cfg.lora.r, cfg.train.seed) == (4, 3)
+
+
 def test_missing_file():
     with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
         load_config("nope.yaml")

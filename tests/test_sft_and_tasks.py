@@ -111,3 +111,17 @@ def test_runner_input_errors(warm_model, tmp_path, capsys, override, message):
     )
     assert message in capsys.readouterr().err
     assert not (tmp_path / "testconfig" / "checkpoints").exists()
+
+
+def test_runner_data_load_errors_are_one_line(tiny_model, tmp_path, capsys):
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(b"PAR1 cut off mid-write")
+    for spec, start in [
+        (str(bad), f"error: {bad}: unreadable parquet file (ArrowInvalid: "),
+        ("gsm8kk@train", "error: data spec 'gsm8kk@train' is not a local .jsonl/.json/.parquet file"),
+    ]:
+        model, out = f"model.name_or_path={tiny_model}", f"run.output_dir={tmp_path}"
+        assert rl_runner.main(["--cfg", TESTCFG, model, out, f"data.train={spec}"]) == 2
+        err = capsys.readouterr().err.splitlines()  # the model loads first: its progress bar is on stderr too
+        errors = [line for line in err if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0] == err[-1] and errors[0].startswith(start), err
