@@ -135,7 +135,11 @@ class TrainCfg:
     seed: int = _f(0, "Base seed; rank r uses seed + r for sampling.", ge=0)
     micro_batch_groups: int = _f(4, "Prompt groups per micro-batch per rank (groups are never split).", ge=1)
     inner_epochs: int = _f(1, "Optimizer steps over each rollout batch (PPO-style reuse).", ge=1)
-    drop_zero_adv_groups: bool = _f(False, "Skip forward/backward for groups whose advantages are all 0.")
+    drop_zero_adv_groups: bool = _f(
+        False,
+        "Skip forward/backward for groups whose advantages are all 0 (same gradient, less compute); "
+        "not allowed with loss.kl_coef > 0, whose gradient those groups still carry.",
+    )
 
 
 @dataclass
@@ -440,6 +444,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
+    if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
+        raise ConfigError(
+            f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
+            "group still has a KL gradient, which dropping it would silently remove; set one of them off"
+        )
     bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
     if bad_k:
         raise ConfigError(

@@ -75,6 +75,18 @@ def test_type_and_bound_errors(override, message):
         load_config(None, [override])
 
 
+def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0.05"])
+    assert str(e.value) == (
+        "train.drop_zero_adv_groups=true with loss.kl_coef=0.05: a zero-advantage group still has a KL "
+        "gradient, which dropping it would silently remove; set one of them off"
+    )
+    # Each alone is fine (and so is a zero coefficient, which only logs the KL).
+    load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0"])
+    load_config(None, ["train.drop_zero_adv_groups=false", "loss.kl_coef=0.05"])
+
+
 def test_float_written_without_dot_is_accepted():
     assert load_config(None, ["optim.lr=3e-4"]).optim.lr == pytest.approx(3e-4)
 

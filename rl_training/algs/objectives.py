@@ -12,7 +12,10 @@ Every objective is three choices, each a function (no string switches in the tra
        token_mean           sum over tokens / (valid tokens in the step)                 [DAPO, CISPO, REINFORCE++]
      "sequences" and "valid tokens" count the whole optimizer step over all ranks (divided by the world size,
      because the gradient all-reduce averages ranks), including zero-advantage groups that
-     `train.drop_zero_adv_groups` skips: skipping them saves compute and never changes the gradient.
+     `train.drop_zero_adv_groups` skips. Without a KL term skipping them saves compute and never changes the
+     gradient: a group is skipped only when its advantages are exactly 0, so every objective's surrogate
+     there is 0 with zero gradient. A KL term would still move those groups, so the config refuses
+     `train.drop_zero_adv_groups` with `loss.kl_coef > 0`.
 
 Papers and departures (each objective's entry below names its paper):
 - Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact: `OBJECTIVES["dr_grpo"]` below (advantage in
