@@ -234,6 +234,9 @@ class SftCfg:
     warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
     full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
     max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+    overwrite: bool = _f(
+        False, "Replace an existing run_dir/final_model (and its metrics.jsonl); false = refuse to start."
+    )
 
 
 @dataclass
