@@ -2,8 +2,8 @@
 
 Validation happens once, at load: unknown keys are errors naming the key and the nearest valid one, types
 and bounds are checked per field (each field carries a one-line doc in its metadata), and derived values
-(per-rank batch, accumulation steps, the Dr-GRPO normaliser) are computed with divisibility checks and
-frozen. `python -m rl_training.config` prints the reference of every key.
+(per-rank batch, accumulation steps) are computed with divisibility checks and frozen.
+`python -m rl_training.config` prints the reference of every key.
 """
 
 from __future__ import annotations
@@ -68,7 +68,13 @@ class ModelCfg:
 class LoraCfg:
     r: int = _f(16, "LoRA rank.", ge=1)
     alpha: float = _f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
-    dropout: float = _f(0.0, "LoRA dropout; 0 keeps old and new log-probs exactly comparable.", ge=0, le=1)
+    dropout: float = _f(
+        0.0,
+        "LoRA dropout. Used by LoRA SFT only: the RL trainer runs the model in eval mode (old and new "
+        "log-probs exactly comparable), where dropout does nothing.",
+        ge=0,
+        le=1,
+    )
     target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
 
 
@@ -267,7 +273,6 @@ class Derived:
     seqs_per_rank: int  # groups_per_rank * group_size
     accum_steps: int  # micro-batches per optimizer step on each rank
     micro_batch_seqs: int  # sequences per micro-batch
-    loss_normalizer: int  # Dr-GRPO constant: per-rank sequences x max_new_tokens (DDP averages ranks)
     run_dir: Path
 
 
@@ -290,7 +295,6 @@ def derive(cfg: Config, world_size: int) -> Derived:
         seqs_per_rank=groups * r.group_size,
         accum_steps=groups // t.micro_batch_groups,
         micro_batch_seqs=t.micro_batch_groups * r.group_size,
-        loss_normalizer=groups * r.group_size * r.max_new_tokens,
         run_dir=Path(cfg.run.output_dir) / cfg.run.name,
     )
 
