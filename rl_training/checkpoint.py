@@ -4,8 +4,8 @@ trainer_state.json, config.yaml, COMPLETE}.
 Written into a hidden temp directory, fsynced, then renamed into place; `COMPLETE` is written last before
 the rename, so neither a crash mid-write nor a half-copied directory is ever taken for a checkpoint.
 `adapter/` is peft's `save_pretrained` output, loadable by `PeftModel.from_pretrained` and by vLLM's
-LoRA loader. Every rank's RNG state is saved (gathered to rank 0) so a resumed run samples exactly as the
-uninterrupted one would have.
+LoRA loader (`LoRARequest`; both tested against the merged policy). Every rank's RNG state is saved
+(gathered to rank 0) so a resumed run samples exactly as the uninterrupted one would have.
 """
 
 from __future__ import annotations
