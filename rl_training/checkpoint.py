@@ -4,8 +4,8 @@ trainer_state.json, config.yaml, COMPLETE}.
 Written into a hidden temp directory, fsynced, then renamed into place; `COMPLETE` is written last before
 the rename, so neither a crash mid-write nor a half-copied directory is ever taken for a checkpoint.
 `adapter/` is peft's `save_pretrained` output, loadable by `PeftModel.from_pretrained` and by vLLM's
-LoRA loader. Every rank's RNG state is saved (gathered to rank 0) so a resumed run samples exactly as the
-uninterrupted one would have.
+LoRA loader (`LoRARequest`; both tested against the merged policy). Every rank's RNG state is saved
+(gathered to rank 0) so a resumed run samples exactly as the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import random
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,32 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def find_latest(run_dir: Path) -> Path | None:
     ckpts = list_checkpoints(run_dir)
     return ckpts[-1][1] if ckpts else None
+
+
+def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
+    """Move run_dir's checkpoint directories later than `step` (complete or not) into
+    checkpoints/abandoned_<time>/, with a copy of metrics.jsonl as it was; None when there are none.
+
+    Resuming from step s starts a new history after s. The later checkpoints belong to the abandoned one:
+    left in place, `ckpt.resume=latest` would pick them and keep-last pruning (by step number) could delete
+    the new checkpoints instead of them. Moved, never deleted: nothing saved is lost. The metrics copy keeps
+    the abandoned steps' lines, which the resumed run's logger drops from metrics.jsonl."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    later = sorted(p for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir() and int(m.group(1)) > step)
+    if not later:
+        return None
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    dest, n = root / f"abandoned_{stamp}", 1
+    while dest.exists():
+        dest, n = root / f"abandoned_{stamp}_{n}", n + 1
+    dest.mkdir()
+    for p in later:
+        os.replace(p, dest / p.name)
+    if (Path(run_dir) / "metrics.jsonl").exists():
+        shutil.copy2(Path(run_dir) / "metrics.jsonl", dest / "metrics.jsonl")
+    return dest, [p.name for p in later]
 
 
 def save_checkpoint(

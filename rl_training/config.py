@@ -2,8 +2,8 @@
 
 Validation happens once, at load: unknown keys are errors naming the key and the nearest valid one, types
 and bounds are checked per field (each field carries a one-line doc in its metadata), and derived values
-(per-rank batch, accumulation steps, the Dr-GRPO normaliser) are computed with divisibility checks and
-frozen. `python -m rl_training.config` prints the reference of every key.
+(per-rank batch, accumulation steps) are computed with divisibility checks and frozen.
+`python -m rl_training.config` prints the reference of every key.
 """
 
 from __future__ import annotations
@@ -69,7 +69,13 @@ class ModelCfg:
 class LoraCfg:
     r: int = _f(16, "LoRA rank.", ge=1)
     alpha: float = _f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
-    dropout: float = _f(0.0, "LoRA dropout; 0 keeps old and new log-probs exactly comparable.", ge=0, le=1)
+    dropout: float = _f(
+        0.0,
+        "LoRA dropout. Used by LoRA SFT only: the RL trainer runs the model in eval mode (old and new "
+        "log-probs exactly comparable), where dropout does nothing.",
+        ge=0,
+        le=1,
+    )
     target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
 
 
@@ -136,7 +142,11 @@ class TrainCfg:
     seed: int = _f(0, "Base seed; rank r uses seed + r for sampling.", ge=0)
     micro_batch_groups: int = _f(4, "Prompt groups per micro-batch per rank (groups are never split).", ge=1)
     inner_epochs: int = _f(1, "Optimizer steps over each rollout batch (PPO-style reuse).", ge=1)
-    drop_zero_adv_groups: bool = _f(False, "Skip forward/backward for groups whose advantages are all 0.")
+    drop_zero_adv_groups: bool = _f(
+        False,
+        "Skip forward/backward for groups whose advantages are all 0 (same gradient, less compute); "
+        "not allowed with loss.kl_coef > 0, whose gradient those groups still carry.",
+    )
 
 
 @dataclass
@@ -238,6 +248,9 @@ class SftCfg:
     warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
     full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
     max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+    overwrite: bool = _f(
+        False, "Replace an existing run_dir/final_model (and its metrics.jsonl); false = refuse to start."
+    )
 
 
 @dataclass
@@ -268,7 +281,6 @@ class Derived:
     seqs_per_rank: int  # groups_per_rank * group_size
     accum_steps: int  # micro-batches per optimizer step on each rank
     micro_batch_seqs: int  # sequences per micro-batch
-    loss_normalizer: int  # Dr-GRPO constant: per-rank sequences x max_new_tokens (DDP averages ranks)
     run_dir: Path
 
 
@@ -291,7 +303,6 @@ def derive(cfg: Config, world_size: int) -> Derived:
         seqs_per_rank=groups * r.group_size,
         accum_steps=groups // t.micro_batch_groups,
         micro_batch_seqs=t.micro_batch_groups * r.group_size,
-        loss_normalizer=groups * r.group_size * r.max_new_tokens,
         run_dir=Path(cfg.run.output_dir) / cfg.run.name,
     )
 
@@ -387,7 +398,9 @@ def _set_dotted(tree: dict, key: str, value: Any) -> None:
     parts = key.split(".")
     node: dict = tree
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:  # absent, or an empty section ('lora:' with nothing under it)
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override {key}: '{p}' is not a section")
     node[parts[-1]] = value
@@ -410,7 +423,15 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
             raise _unknown(key, valid, "command line: ")
         # YAML parsing gives overrides the same typing as the file (3 -> int, 1e-4 -> float, [a,b] -> list);
         # string fields take the text verbatim ('Q: {question}' must not become a YAML mapping).
-        value = raw if _leaf_type(key) is str or raw == "" else yaml.safe_load(raw)
+        if _leaf_type(key) is str or raw == "":
+            value = raw
+        else:
+            try:
+                value = yaml.safe_load(raw)
+            except yaml.YAMLError as e:  # '[q_proj' (unclosed list): PyYAML's message spans several lines
+                raise ConfigError(
+                    f"command line: {key}={raw!r} is not a valid YAML value ({getattr(e, 'problem', None) or e})"
+                ) from None
         _set_dotted(tree, key, value)
     return tree
 
@@ -438,7 +459,12 @@ def load_config(
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
-        for key in required if isinstance(tree, dict) else ():  # not a mapping: _build says so
+        if not isinstance(tree, dict):
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections (run:, model:, ...), "
+                f"got a YAML {type(tree).__name__}"
+            )
+        for key in required:
             node: Any = tree
             for part in key.split("."):
                 node = node.get(part) if isinstance(node, dict) else None
@@ -448,6 +474,11 @@ def load_config(
     cfg = _build(Config, tree, "", where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
+    if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
+        raise ConfigError(
+            f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
+            "group still has a KL gradient, which dropping it would silently remove; set one of them off"
+        )
     bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
     if bad_k:
         raise ConfigError(

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl_training.checkpoint import CheckpointError, find_latest, list_checkpoints, validate_checkpoint
+from rl_training.checkpoint import CheckpointError, find_latest, list_checkpoints, set_aside_later, validate_checkpoint
 
 
 def seed_all(seed: int) -> None:
@@ -54,7 +54,10 @@ def lr_lambda(warmup: int, schedule: str, total: int):
 
 
 def resolve_resume(resume: str, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh start; refuses to clobber an existing run."""
+    """The checkpoint to resume from, or None for a fresh start; refuses to clobber an existing run.
+
+    Resuming from step s moves run_dir's checkpoints after s aside (rank 0, `set_aside_later`), so that
+    neither `latest` nor keep-last pruning ever mixes the abandoned history with the new one."""
     if resume == "none":
         if list_checkpoints(run_dir):
             raise CheckpointError(
@@ -62,7 +65,16 @@ def resolve_resume(resume: str, run_dir: Path) -> Path | None:
                 "it, or choose another run.name (nothing was changed)"
             )
         return None
-    if resume == "latest":
-        return find_latest(run_dir)
-    validate_checkpoint(Path(resume))
-    return Path(resume)
+    path = find_latest(run_dir) if resume == "latest" else Path(resume)
+    if path is None:
+        return None
+    step = validate_checkpoint(path)
+    if int(os.environ.get("RANK", 0)) == 0:
+        moved = set_aside_later(run_dir, step)
+        if moved:
+            print(
+                f"note: resuming from step {step}: moved the later checkpoints {', '.join(moved[1])} "
+                f"and a copy of metrics.jsonl to {moved[0]} (nothing deleted)",
+                flush=True,
+            )
+    return path

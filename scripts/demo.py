@@ -2,10 +2,12 @@
 
     make demo                      # sets up .venv first, then runs this
     .venv/bin/python scripts/demo.py [--rl-cfg cfg/tiny_cpu.yaml] [--sft-cfg cfg/tiny_sft.yaml] [key=value ...]
+    .venv/bin/python scripts/demo.py --output-dir /tmp/demo      # run directories there instead of runs/
 
 Everything is created locally (no downloads): the tiny Qwen2-architecture model (models/tiny-qwen2), the
 string-reversal data (data/reverse), then runs/demo_<time>_sft and runs/demo_<time>_rl. Both stages are
-launched with torchrun exactly as a user would. Extra key=value arguments override the RL config.
+launched with torchrun exactly as a user would. Extra key=value arguments override the RL config. The
+before/after numbers and the times are written to runs/demo_<time>_rl/demo_summary.json.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sft-cfg", default="cfg/tiny_sft.yaml")
     ap.add_argument("--rl-cfg", default="cfg/tiny_cpu.yaml")
+    ap.add_argument("--output-dir", help="parent of both run directories (default: the configs' run.output_dir)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,16 +94,18 @@ def main() -> int:
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")
-    sft_cfg = load_config(REPO / a.sft_cfg, [f"run.name=demo_{stamp}_sft"])
+    out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
+    sft_over = [f"run.name=demo_{stamp}_sft", *out]
+    sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not Path(REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     if not Path(REPO / sft_cfg.data.train).exists():
         sh([sys.executable, "scripts/make_synthetic_data.py", "--out", str(Path(sft_cfg.data.train).parent)])
 
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
-    torchrun("sft_runner.py", a.sft_cfg, [f"run.name={sft_cfg.run.name}"])
+    torchrun("sft_runner.py", a.sft_cfg, sft_over)
     t_sft = time.time()
-    rl_over = [f"run.name=demo_{stamp}_rl", f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
+    rl_over = [f"run.name=demo_{stamp}_rl", *out, f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
     rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
     rl_cfg.rollout.backend = resolve_backend_name(rl_cfg.rollout.backend)  # what the runner will use
     torchrun("rl_runner.py", a.rl_cfg, rl_over)
@@ -131,8 +136,9 @@ def main() -> int:
         print(f"  {q!r:>12} -> {c!r:<12} (reference {ref!r})")
     times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": t_eval - t_rl, "total_s": t_eval - t0}
     print("\ntimes: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
-    print(f"run directories: {sft_dir} and {rl_dir.relative_to(REPO)}")
-    print(f"curves: .venv/bin/tensorboard --logdir {rl_dir.relative_to(REPO)}/tb")
+    shown = rl_dir.relative_to(REPO) if rl_dir.is_relative_to(REPO) else rl_dir
+    print(f"run directories: {sft_dir} and {shown}")
+    print(f"curves: .venv/bin/tensorboard --logdir {shown}/tb")
     summary = {"before": before, "after": after, "times": times, "backend": rl_cfg.rollout.backend}
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     return 0

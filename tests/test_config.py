@@ -38,7 +38,6 @@ def test_derived_values():
     d = derive(cfg, world_size=2)
     # 16 groups / 2 ranks = 8 groups per rank; 8 / 2 per micro = 4 micro-batches; 8 x 8 = 64 seqs per rank
     assert (d.groups_per_rank, d.accum_steps, d.seqs_per_rank, d.micro_batch_seqs) == (8, 4, 64, 16)
-    assert d.loss_normalizer == 64 * 32  # per-rank sequences x max_new_tokens
 
 
 def test_unknown_key_names_nearest(tmp_path):
@@ -75,6 +74,18 @@ def test_type_and_bound_errors(override, message):
         load_config(None, [override])
 
 
+def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0.05"])
+    assert str(e.value) == (
+        "train.drop_zero_adv_groups=true with loss.kl_coef=0.05: a zero-advantage group still has a KL "
+        "gradient, which dropping it would silently remove; set one of them off"
+    )
+    # Each alone is fine (and so is a zero coefficient, which only logs the KL).
+    load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0"])
+    load_config(None, ["train.drop_zero_adv_groups=false", "loss.kl_coef=0.05"])
+
+
 def test_float_written_without_dot_is_accepted():
     assert load_config(None, ["optim.lr=3e-4"]).optim.lr == pytest.approx(3e-4)
 
@@ -93,6 +104,44 @@ def test_yaml_syntax_error_names_line(tmp_path):
     p.write_text("train:\n  total_steps: 3\n  seed: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
         load_config(p)
+
+
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("lora.target_modules=[q_proj", "expected ',' or ']', but got '<stream end>'"),
+        ("optim.lr=[1", "expected ',' or ']', but got '<stream end>'"),
+        ("train.seed=@3", "found character '@' that cannot start any token"),
+    ],
+)
+def test_unparsable_override_is_one_line_error(override, problem, capsys):
+    key, raw = override.split("=", 1)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"command line: {key}={raw!r} is not a valid YAML value ({problem})"
+    # Through a runner's CLI: exit status 2 and exactly that one line on stderr.
+    from rl_training.runners import rl_runner
+
+    assert rl_runner.main(["--cfg", str(CFG_DIR / "testconfig.yaml"), override]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {e.value}"]
+
+
+@pytest.mark.parametrize("text, kind", [("- run\n- model\n", "list"), ("just a string\n", "str")])
+def test_yaml_root_must_be_a_mapping(tmp_path, text, kind):
+    p = tmp_path / "root.yaml"
+    p.write_text(text)
+    for overrides in ([], ["train.seed=1"]):  # with an override it used to be an AttributeError
+        with pytest.raises(ConfigError) as e:
+            load_config(p, overrides)
+        expected = f"{p}: the top level must be a mapping of sections (run:, model:, ...), got a YAML {kind}"
+        assert str(e.value) == expected
+
+
+def test_override_into_empty_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("lora:\ntrain:\n  seed: 3\n")  # 'lora:' with nothing under it is YAML null
+    cfg = load_config(p, ["lora.r=4"])
+    assert (cfg.lora.r, cfg.train.seed) == (4, 3)
 
 
 def test_missing_file():

@@ -67,6 +67,44 @@ def test_missing_data_file():
         load_examples("/no/such.jsonl", "gsm8k")
 
 
+def test_corrupt_parquet_is_one_line_data_error(tmp_path):
+    p = tmp_path / "d.parquet"
+    p.write_bytes(b"not a parquet file")
+    with pytest.raises(DataError) as e:
+        load_examples(str(p), "reverse")
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: unreadable parquet file (ArrowInvalid: ") and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "spec, cause",
+    [
+        ("openai/gsm8kk:main@train", "OfflineModeIsEnabled"),  # a typo'd hub name (or one not in the cache)
+        ("{tmp}/no/such/dir@train", "FileNotFoundError"),  # a local dataset directory that does not exist
+        ("{tmp}/ds@test", "Unknown split"),  # a local `datasets` directory without that split
+        ("{tmp}/bad@train", "ArrowInvalid"),  # a `datasets` directory whose parquet file is corrupt
+    ],
+)
+def test_datasets_load_errors_are_one_line(tmp_path, monkeypatch, spec, cause):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # never reach for the network, even if there is one
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # an empty cache
+    (tmp_path / "ds").mkdir()
+    pq.write_table(pa.table({"question": ["abc"], "answer": ["cba"]}), tmp_path / "ds" / "train.parquet")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train.parquet").write_bytes(b"not a parquet file")
+    spec = spec.format(tmp=tmp_path)
+    with pytest.raises(DataError) as e:
+        load_examples(spec, "reverse")
+    msg = str(e.value)
+    assert msg.startswith(f"data spec '{spec}' is not a local .jsonl/.json/.parquet file and `datasets` cannot")
+    assert cause in msg and "\n" not in msg
+    # The same directory read correctly, so the errors above are about the spec, not the machinery.
+    assert load_examples(f"{tmp_path}/ds@train", "reverse")[0].reference == "cba"
+
+
 def test_render_prompt_keeps_latex_braces():
     assert render_prompt(r"Find \frac{1}{2}", "Q: {question}\nA:") == "Q: Find \\frac{1}{2}\nA:"
 

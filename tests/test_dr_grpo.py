@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import dr_grpo_loss, group_advantages, k3_kl, token_logprobs
+from rl_training.algs.dr_grpo import group_advantages, k3_kl, token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+
+DR_GRPO = OBJECTIVES["dr_grpo"]
+
+
+def dr_grpo(logp, old_logp, adv, mask, normalizer, clip_low=0.2, clip_high=0.2, **kw):
+    """The trainer's Dr-GRPO loss with the step constant `normalizer` (= seqs x max_new_tokens, seqs = 1)."""
+    norm = StepNorm(seqs=1, tokens=float(mask.sum()), max_new_tokens=normalizer)
+    return policy_loss(DR_GRPO, logp, old_logp, adv, mask, norm, clip_low, clip_high, **kw)
 
 
 def test_group_advantages_hand_values():
@@ -42,7 +51,7 @@ def test_loss_hand_values():
     new = torch.tensor([[0.0, math.log(1.5), 0.0], [math.log(0.5), 0.0, math.log(1.1)]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
     adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
-    out = dr_grpo_loss(new, old, adv, mask, normalizer=8, clip_low=0.2, clip_high=0.2)
+    out = dr_grpo(new, old, adv, mask, normalizer=8, clip_low=0.2, clip_high=0.2)
     assert out.loss.item() == pytest.approx(-0.09375, abs=1e-12)
     assert out.clipped_tokens.item() == 2 and out.tokens.item() == 5
 
@@ -50,7 +59,7 @@ def test_loss_hand_values():
 def test_loss_gradient_hand_value():
     # One token, A = 2, ratio 1 (on-policy): loss = -exp(lp - old)*A / N -> d/d lp = -A/N = -2/10.
     lp = torch.zeros(1, 1, dtype=torch.float64, requires_grad=True)
-    out = dr_grpo_loss(
+    out = dr_grpo(
         lp, lp.detach(), torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64), normalizer=10
     )
     out.loss.backward()
@@ -66,8 +75,8 @@ def test_decoupled_clip_bounds():
         torch.ones(1, 1, dtype=torch.float64),
         1,
     )
-    assert dr_grpo_loss(lp, *args, clip_low=0.2, clip_high=0.28).loss.item() == pytest.approx(-1.25)
-    assert dr_grpo_loss(lp, *args, clip_low=0.2, clip_high=0.2).loss.item() == pytest.approx(-1.2)
+    assert dr_grpo(lp, *args, clip_low=0.2, clip_high=0.28).loss.item() == pytest.approx(-1.25)
+    assert dr_grpo(lp, *args, clip_low=0.2, clip_high=0.2).loss.item() == pytest.approx(-1.2)
 
 
 def test_k3_kl_values():
@@ -82,7 +91,7 @@ def test_kl_term_in_loss():
     lp = torch.zeros(1, 3, dtype=torch.float64)
     ref = torch.full((1, 3), math.log(2.0), dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
-    out = dr_grpo_loss(lp, lp, torch.zeros(1, dtype=torch.float64), mask, 4, ref_logp=ref, kl_coef=0.1)
+    out = dr_grpo(lp, lp, torch.zeros(1, dtype=torch.float64), mask, 4, ref_logp=ref, kl_coef=0.1)
     assert out.loss.item() == pytest.approx(0.1 * 2 * (1 - math.log(2)) / 4, rel=1e-12)
 
 

@@ -146,6 +146,36 @@ def test_interrupted_then_resumed_run_reproduces_metrics(run_overrides, tmp_path
     assert any(m["train/grad_norm"] > 0 for m in straight)  # the compared run really trained
 
 
+def test_resume_from_older_checkpoint_sets_later_ones_aside(run_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "testconfig"
+    ckpts = run_dir / "checkpoints"
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=4", "ckpt.keep_last=3"]) == 0
+    assert [s for s, _ in list_checkpoints(run_dir)] == [2, 4]  # ckpt.every=2
+    step4 = (ckpts / "step_000004" / "adapter" / "adapter_model.safetensors").read_bytes()
+    capsys.readouterr()
+
+    # Branch off at step 2 and train to 3, keeping 1 checkpoint. Before the fix the stale step 4 stayed in
+    # place: pruning by step number kept it and deleted the step 3 just written, and `latest` chose step 4.
+    resume = ["train.total_steps=3", "ckpt.keep_last=1", f"ckpt.resume={ckpts / 'step_000002'}"]
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, *resume]) == 0
+    out = capsys.readouterr().out
+    (aside,) = ckpts.glob("abandoned_*")
+    assert (
+        f"note: resuming from step 2: moved the later checkpoints step_000004 and a copy of metrics.jsonl to {aside}"
+        in out
+    )
+    assert [s for s, _ in list_checkpoints(run_dir)] == [3]  # the new history only
+    assert (aside / "step_000004" / COMPLETE).exists()  # moved whole, not deleted
+    assert (aside / "step_000004" / "adapter" / "adapter_model.safetensors").read_bytes() == step4
+    assert [m["step"] for m in read_metrics(aside)] == [1, 2, 3, 4]  # the abandoned history's metrics
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3]
+
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=3", "ckpt.resume=latest"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "step_000003" in out and "nothing to do" in out
+    assert list(ckpts.glob("abandoned_*")) == [aside]  # nothing later than step 3 this time: nothing moved
+
+
 def test_fresh_start_refuses_to_clobber_existing_run(run_overrides, tmp_path, capsys):
     assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=1"]) == 0
     before = list_checkpoints(tmp_path / "runs" / "testconfig")

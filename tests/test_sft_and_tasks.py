@@ -111,3 +111,46 @@ def test_runner_input_errors(warm_model, tmp_path, capsys, override, message):
     )
     assert message in capsys.readouterr().err
     assert not (tmp_path / "testconfig" / "checkpoints").exists()
+
+
+def test_runner_data_load_errors_are_one_line(tiny_model, tmp_path, capsys):
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(b"PAR1 cut off mid-write")
+    for spec, start in [
+        (str(bad), f"error: {bad}: unreadable parquet file (ArrowInvalid: "),
+        ("gsm8kk@train", "error: data spec 'gsm8kk@train' is not a local .jsonl/.json/.parquet file"),
+    ]:
+        model, out = f"model.name_or_path={tiny_model}", f"run.output_dir={tmp_path}"
+        assert rl_runner.main(["--cfg", TESTCFG, model, out, f"data.train={spec}"]) == 2
+        err = capsys.readouterr().err.splitlines()  # the model loads first: its progress bar is on stderr too
+        errors = [line for line in err if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0] == err[-1] and errors[0].startswith(start), err
+
+
+def test_sft_refuses_to_replace_a_finished_run_unless_asked(tiny_model, reverse_data, tmp_path, capsys):
+    base = [
+        "--cfg",
+        SFT_CFG,
+        f"model.name_or_path={tiny_model}",
+        f"data.train={reverse_data / 'train.jsonl'}",
+        f"run.output_dir={tmp_path}",
+        "run.name=sft",
+        "sft.warmup_steps=0",
+    ]
+    run_dir = tmp_path / "sft"
+    assert sft_runner.main([*base, "sft.steps=2"]) == 0
+    weights = (run_dir / "final_model" / "model.safetensors").read_bytes()
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    capsys.readouterr()
+
+    assert sft_runner.main([*base, "sft.steps=3"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {run_dir} already has a final_model; pass sft.overwrite=true to replace it (and its "
+        "metrics.jsonl), or choose another run.name (nothing was changed)"
+    ]
+    assert (run_dir / "final_model" / "model.safetensors").read_bytes() == weights  # nothing lost
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
+
+    assert sft_runner.main([*base, "sft.steps=3", "sft.overwrite=true"]) == 0  # asked for explicitly
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert (run_dir / "final_model" / "model.safetensors").read_bytes() != weights

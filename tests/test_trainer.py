@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_training.algs.objectives import OBJECTIVES
 from rl_training.models import trainable_parameters
-from rl_training.trainer import make_micro_batches
+from rl_training.trainer import make_micro_batches, step_advantages
 from tests.helpers import G, fake_rollouts, grads_after, lora_policy
 
 
@@ -38,13 +39,34 @@ def test_zero_advantage_group_gives_zero_gradient_without_kl(policy):
     assert g_kl.abs().max().item() > 1e-8
 
 
-def test_dropping_zero_advantage_groups_keeps_the_gradient(policy):
-    # With the normaliser fixed for the step, skipping A=0 groups only saves compute (no KL term).
+# Dropping holds for every objective, derived: a group is dropped only when all its advantages are exactly
+# 0 (make_micro_batches tests adv != 0), and every surrogate is linear in A there: PPO clip
+# -min(r*0, clip(r)*0) = 0, GSPO the same with the sequence ratio, CISPO -sg(w)*0*logp = 0. So the dropped
+# group's loss is 0 with zero gradient, and every normaliser (StepNorm: seqs, tokens, max_new_tokens) counts
+# the step's sequences and tokens whether or not they were dropped, so the kept groups' terms do not change.
+# The advantages themselves are computed before dropping: a zero-variance group stays exactly 0 under GRPO's
+# std scale (0 / (0 + 1e-6)), RLOO's G/(G-1) factor and REINFORCE++'s batch std, and REINFORCE++'s batch std
+# includes the zero groups whether or not they are dropped later. (Equal rewards whose group mean rounds
+# differ from them give ~1e-17 advantages: not exactly 0, so not dropped; the rule stays exact.)
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_dropping_zero_advantage_groups_keeps_the_gradient(policy, name):
+    ro = fake_rollouts(4, seed=1)
+    rewards = torch.tensor([0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9], dtype=torch.float64)  # groups 0, 2: A = 0
+    adv = step_advantages(OBJECTIVES[name], rewards, G, torch.device("cpu"))
+    assert (adv.view(4, G)[[0, 2]] == 0).all() and (adv.view(4, G)[[1, 3]] != 0).all()
+    g_all, _ = grads_after(policy, ro, adv, 2, objective=name)
+    g_drop, _ = grads_after(policy, ro, adv, 2, drop=True, objective=name)
+    assert g_all.abs().max() > 1e-5  # the kept groups do move the policy
+    torch.testing.assert_close(g_drop, g_all, rtol=1e-9, atol=1e-12)
+
+
+def test_dropping_zero_advantage_groups_would_lose_their_kl_gradient(policy):
+    # Why the config refuses drop_zero_adv_groups with loss.kl_coef > 0: the dropped groups' KL gradient goes.
     ro = fake_rollouts(4, seed=1)
     adv = torch.tensor([0.0, 0.0, 0.4, -0.4, 0.0, 0.0, 0.2, -0.2], dtype=torch.float64)
-    g_all, _ = grads_after(policy, ro, adv, 2)
-    g_drop, _ = grads_after(policy, ro, adv, 2, drop=True)
-    torch.testing.assert_close(g_drop, g_all, rtol=1e-9, atol=1e-12)
+    g_all, _ = grads_after(policy, ro, adv, 2, kl_coef=0.1)
+    g_drop, _ = grads_after(policy, ro, adv, 2, drop=True, kl_coef=0.1)
+    assert (g_drop - g_all).abs().max() > 1e-8
 
 
 def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):

@@ -12,12 +12,18 @@ Every objective is three choices, each a function (no string switches in the tra
        token_mean           sum over tokens / (valid tokens in the step)                 [DAPO, CISPO, REINFORCE++]
      "sequences" and "valid tokens" count the whole optimizer step over all ranks (divided by the world size,
      because the gradient all-reduce averages ranks), including zero-advantage groups that
-     `train.drop_zero_adv_groups` skips: skipping them saves compute and never changes the gradient.
+     `train.drop_zero_adv_groups` skips. Without a KL term skipping them saves compute and never changes the
+     gradient: a group is skipped only when its advantages are exactly 0, so every objective's surrogate
+     there is 0 with zero gradient. A KL term would still move those groups, so the config refuses
+     `train.drop_zero_adv_groups` with `loss.kl_coef > 0`.
 
 Papers and departures (each objective's entry below names its paper):
-- Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact (see algs/dr_grpo.py).
+- Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact: `OBJECTIVES["dr_grpo"]` below (advantage in
+  algs/dr_grpo.py).
 - GRPO: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300. Advantages (r - mean)/(std + 1e-6) with the
-  unbiased group std; per-sequence token mean, then mean over sequences.
+  unbiased group std; per-sequence token mean, then mean over sequences. Departure: the paper adds a k3 KL
+  to the reference in the loss with beta = 0.04; here the KL is the shared option, off by default
+  (`loss.kl_coef=0`); `loss.kl_coef=0.04 loss.kl_estimator=k3` gives the paper's.
 - DAPO: Yu et al. 2025, arXiv:2503.14476. Clip-higher (0.2 / 0.28) and the token-level mean over the step.
   Not included: dynamic sampling (re-sampling prompts until the batch is full of informative groups) and
   overlong reward shaping; `train.drop_zero_adv_groups` only skips degenerate groups.
@@ -27,9 +33,10 @@ Papers and departures (each objective's entry below names its paper):
 - CISPO: MiniMax 2025 (MiniMax-M1), arXiv:2506.13585. -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi,
   token mean over the step; no lower bound by default (eps_low = 1), eps_high = 0.28.
 - RLOO: Ahmadian et al. 2024, arXiv:2402.14740 (Kool et al. 2019). Leave-one-out baseline
-  A_i = r_i - mean_{j != i} r_j; REINFORCE on the whole sequence (token sum), mean over sequences. Departure:
+  A_i = r_i - mean_{j != i} r_j; REINFORCE on the whole sequence (token sum), mean over sequences. Departures:
   the PPO clipped ratio is kept so inner epochs stay well defined (with one epoch the ratio is exactly 1 and
-  the gradient is plain REINFORCE).
+  the gradient is plain REINFORCE); the paper subtracts the KL penalty from the reward (so it enters the
+  baseline and the advantage), here it is the shared KL-in-loss option (off by default).
 - REINFORCE++ with baseline: Hu 2025, arXiv:2501.03262. A_i = (r_i - group mean) / std over the whole
   step's batch (all ranks), PPO clip, token mean. Departure: the batch std is taken over sequences; verl
   whitens over tokens (each sequence weighted by its length). The paper's KL-in-reward is replaced by the

@@ -20,6 +20,11 @@ class DataError(ValueError):
     """Malformed data; the message names the file and line (or row) and the key."""
 
 
+def _one_line(e: BaseException) -> str:
+    """A library's message on one line (datasets and pyarrow messages may span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 @dataclass(frozen=True)
 class Example:
     question: str
@@ -83,9 +88,14 @@ def _records_from_file(path: Path):
         for i, rec in enumerate(data):
             yield f"{path}[{i}]", rec
     elif suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        for i, rec in enumerate(pq.read_table(path).to_pylist()):
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:  # ArrowIOError is an OSError, ArrowInvalid a ValueError
+            raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {_one_line(e)})") from None
+        for i, rec in enumerate(rows):
             yield f"{path}:row {i}", rec
     else:
         raise DataError(f"{path}: unsupported data file type '{suffix}' (use .jsonl, .json or .parquet)")
@@ -93,10 +103,19 @@ def _records_from_file(path: Path):
 
 def _records_from_hub(spec: str):
     import datasets
+    import pyarrow as pa
 
     name, _, split = spec.partition("@")
     name, _, config = name.partition(":")
-    ds = datasets.load_dataset(name, config or None, split=split or "train")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split or "train")
+    # OSError: not on the hub / not cached offline / no such local directory (DatasetNotFoundError,
+    # ConnectionError, FileNotFoundError); ValueError: unknown split or config; Arrow: a corrupt data file.
+    except (OSError, ValueError, datasets.exceptions.DatasetsError, pa.ArrowException) as e:
+        raise DataError(
+            f"data spec '{spec}' is not a local .jsonl/.json/.parquet file and `datasets` cannot load it "
+            f"({type(e).__name__}: {_one_line(e)})"
+        ) from None
     for i, rec in enumerate(ds):
         yield f"{spec}:row {i}", rec
 

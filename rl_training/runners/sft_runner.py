@@ -6,7 +6,8 @@
 Trains all weights (sft.full_finetune=true) or a LoRA adapter (merged into the weights at the end) on
 prompt -> answer-field text + EOS, with the loss on answer tokens only, prompts rendered by the same
 template as RL. Writes run_dir/final_model/ (a plain HF model + tokenizer, written atomically): point the
-RL runner's model.name_or_path at it to start RL from the SFT checkpoint.
+RL runner's model.name_or_path at it to start RL from the SFT checkpoint. A run directory that already has
+a final_model is refused unless sft.overwrite=true.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def sft(cfg, info) -> None:
     s = cfg.sft
     if s.batch_size % info.world_size:
         raise ConfigError(f"sft.batch_size={s.batch_size} is not divisible by the world size {info.world_size}")
+    # Like the RL runner's fresh start, never replace a finished result implicitly.
+    if (d.run_dir / "final_model").exists() and not s.overwrite:
+        raise ConfigError(
+            f"{d.run_dir} already has a final_model; pass sft.overwrite=true to replace it (and its "
+            "metrics.jsonl), or choose another run.name (nothing was changed)"
+        )
     set_cpu_threads()
     seed_all(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)

@@ -1,0 +1,42 @@
+"""The embedded demo's acceptance criteria (issue 2, item 10): `scripts/demo.py` end to end (tiny model and
+data created if missing, SFT warm start, Dr-GRPO, held-out before/after) finishes within 15 minutes on
+2 CPU cores and raises the held-out greedy mean reward by at least 0.15 over the SFT starting point.
+A few minutes of compute: it runs with the slow tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_demo_meets_its_acceptance_criteria(tmp_path):
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--output-dir", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (summary_file,) = tmp_path.glob("demo_*_rl/demo_summary.json")  # the runs went to --output-dir
+    assert len(list(tmp_path.glob("demo_*_sft/final_model/config.json"))) == 1
+    summary = json.loads(summary_file.read_text())
+    before, after = summary["before"]["greedy_reward"], summary["after"]["greedy_reward"]
+    print(
+        f"demo: greedy reward {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s", summary["times"]
+    )
+    assert after - before >= 0.15, summary
+    assert summary["times"]["total_s"] < wall < 900  # 15 minutes, interpreter start-up included
+    assert "Embedded demo" in r.stdout and "SFT start" in r.stdout  # the before/after table is printed
