@@ -232,5 +232,5 @@ def score_completions(task: Task, completions: Sequence[str], references: Sequen
                 invalid, r = invalid + 1, 0.0
         rewards.append(r)
         correct.append(r >= task.correct_threshold)
-        formatted.append(task.has_answer(c))
+        formatted.append(bool(_guarded(lambda c=c: task.has_answer(c), timeout_s, False)))  # raising = unformatted
     return Scores(rewards, correct, formatted, errors, timeouts, invalid)

@@ -187,6 +187,9 @@ def test_failing_reward_functions_score_zero_and_are_counted():
     assert s.rewards == [0.75, 0.0, 0.0, 0.0, 0.0, 0.75]
     assert (s.errors, s.timeouts, s.invalid) == (1, 1, 2)
     assert s.correct == [True, False, False, False, False, True]
+    # A format check that raises counts the completion as unformatted and never stops the run either.
+    fussy = Task(lambda c, r: 1.0, lambda c: c.startswith("ok") or 1 / 0, correct_threshold=0.5)
+    assert score_completions(fussy, ["ok", "bad"], ["r", "r"], timeout_s=0.2).formatted == [True, False]
 
 
 def test_tasks_share_one_grader_table():

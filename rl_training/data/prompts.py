@@ -9,13 +9,14 @@ import numpy as np
 from rl_training.data.sources import DataError, Example
 
 
-def render_prompt(question: str, template: str, tokenizer=None, use_chat_template: bool = False,
-                  system_prompt: str = "") -> str:
+def render_prompt(
+    question: str, template: str, tokenizer=None, use_chat_template: bool = False, system_prompt: str = ""
+) -> str:
     # str.replace, not str.format: LaTeX questions are full of braces.
     text = template.replace("{question}", question)
     if not use_chat_template:
         return text
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": text})
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
@@ -32,12 +33,14 @@ def encode_prompts(examples: list[Example], data_cfg, tokenizer) -> list[list[in
     """Token ids of each rendered prompt; a prompt over data.max_prompt_tokens is an error naming it."""
     out = []
     for ex in examples:
-        text = render_prompt(ex.question, data_cfg.prompt_template, tokenizer, data_cfg.use_chat_template,
-                             data_cfg.system_prompt)
+        text = render_prompt(
+            ex.question, data_cfg.prompt_template, tokenizer, data_cfg.use_chat_template, data_cfg.system_prompt
+        )
         ids = tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > data_cfg.max_prompt_tokens:
-            raise DataError(f"{ex.source}: prompt has {len(ids)} tokens > data.max_prompt_tokens="
-                            f"{data_cfg.max_prompt_tokens}")
+            raise DataError(
+                f"{ex.source}: prompt has {len(ids)} tokens > data.max_prompt_tokens={data_cfg.max_prompt_tokens}"
+            )
         out.append(ids)
     return out
 
@@ -73,4 +76,4 @@ class PromptSampler:
         perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
         per_rank = self.prompts_per_step // self.world_size
         start = offset + rank * per_rank
-        return perm[start:start + per_rank].tolist()
+        return perm[start : start + per_rank].tolist()

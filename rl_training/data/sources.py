@@ -120,8 +120,9 @@ def _records_from_hub(spec: str):
         yield f"{spec}:row {i}", rec
 
 
-def load_examples(spec: str, fmt: str, question_key: str = "question", answer_key: str = "answer",
-                  limit: int = 0) -> list[Example]:
+def load_examples(
+    spec: str, fmt: str, question_key: str = "question", answer_key: str = "answer", limit: int = 0
+) -> list[Example]:
     path = Path(spec)
     if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.exists():
         if not path.exists():

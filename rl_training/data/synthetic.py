@@ -13,8 +13,9 @@ import random
 from pathlib import Path
 
 
-def make_reverse_splits(n_train: int, n_heldout: int, seed: int = 0, alphabet: str = "abcdefghij",
-                        min_len: int = 3, max_len: int = 7) -> tuple[list[dict], list[dict]]:
+def make_reverse_splits(
+    n_train: int, n_heldout: int, seed: int = 0, alphabet: str = "abcdefghij", min_len: int = 3, max_len: int = 7
+) -> tuple[list[dict], list[dict]]:
     rng = random.Random(seed)
     seen: set[str] = set()
     strings: list[str] = []
