@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as tdist
+import yaml
 
 from rl_training import dist
 
@@ -79,6 +80,16 @@ def find_latest(run_dir: Path) -> Path | None:
     return ckpts[-1][1] if ckpts else None
 
 
+def abandoned_dir(parent: Path) -> Path:
+    """A new, empty parent/abandoned_<time>[_n]/ for history that a restart sets aside (never deletes)."""
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    dest, n = parent / f"abandoned_{stamp}", 1
+    while dest.exists():
+        dest, n = parent / f"abandoned_{stamp}_{n}", n + 1
+    dest.mkdir(parents=True)
+    return dest
+
+
 def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
     """Move run_dir's checkpoint directories later than `step` (complete or not) into
     checkpoints/abandoned_<time>/, with a copy of metrics.jsonl as it was; None when there are none.
@@ -93,11 +104,7 @@ def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
     later = sorted(p for p in root.iterdir() if (m := STEP_RE.match(p.name)) and p.is_dir() and int(m.group(1)) > step)
     if not later:
         return None
-    stamp = time.strftime("%Y%m%d_%H%M%S")
-    dest, n = root / f"abandoned_{stamp}", 1
-    while dest.exists():
-        dest, n = root / f"abandoned_{stamp}_{n}", n + 1
-    dest.mkdir()
+    dest = abandoned_dir(root)
     for p in later:
         os.replace(p, dest / p.name)
     if (Path(run_dir) / "metrics.jsonl").exists():
@@ -160,6 +167,36 @@ def validate_checkpoint(path: Path) -> int:
     return int(m.group(1))
 
 
+# Keys that define what the saved adapter means: resuming with other values would load wrong shapes or the
+# same weights scaled differently.
+ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+    return out
+
+
+def resume_changes(path: Path, config_yaml: str) -> list[str]:
+    """The settings a resume changes against the checkpoint's saved config.yaml, as 'key: old -> new' lines
+    (ckpt.resume aside); a changed adapter key (ADAPTER_KEYS) is a CheckpointError."""
+    try:
+        saved = _flat(yaml.safe_load((Path(path) / "config.yaml").read_text(encoding="utf-8")) or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError) as e:
+        raise CheckpointError(f"{path}: unreadable config.yaml ({type(e).__name__})") from None
+    now = _flat(yaml.safe_load(config_yaml))
+    changed = sorted(k for k in now.keys() | saved.keys() if k != "ckpt.resume" and now.get(k) != saved.get(k))
+    for k in changed:
+        if k in ADAPTER_KEYS:
+            raise CheckpointError(
+                f"{path}: saved with {k}={saved.get(k)!r}, now {now.get(k)!r}; the adapter would not mean the "
+                "same (resume with the saved value, or start a new run from it via model.name_or_path)"
+            )
+    return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed]
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_size: int) -> Restored:
     """Restore adapter, optimizer, scheduler and this rank's RNG state. Call after the model is built."""
     from peft import set_peft_model_state_dict
@@ -168,10 +205,16 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_si
     path = Path(path)
     step = validate_checkpoint(path)
     weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
-    result = set_peft_model_state_dict(model, weights)
+    try:
+        result = set_peft_model_state_dict(model, weights)
+    except RuntimeError as e:  # size mismatch: a different LoRA rank or base model
+        raise CheckpointError(f"{path}: adapter does not fit this model ({str(e).splitlines()[-1].strip()})") from None
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise CheckpointError(f"{path}: adapter has keys this model lacks: {unexpected[:3]}")
+    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+    if missing:  # modules adapted now but not then would silently start from a fresh init
+        raise CheckpointError(f"{path}: adapter lacks {len(missing)} LoRA tensors this model has: {missing[:3]}")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     state = json.loads((path / "trainer_state.json").read_text())

@@ -357,32 +357,58 @@ def _check_value(value: Any, tp: Any, key: str, meta: dict) -> Any:
 
 
 def _unknown(key: str, valid: list[str], where: str) -> ConfigError:
-    near = difflib.get_close_matches(key.rsplit(".", 1)[-1], [v.rsplit(".", 1)[-1] for v in valid], n=1)
-    hint = ""
+    """'unknown config key' with the nearest valid key: a close name in the same section first ('eval.evry' ->
+    'eval.every', not 'ckpt.every'), then the same name in another section ('train.lr' -> 'optim.lr'), then
+    the closest whole dotted key ('trian.total_steps' -> 'train.total_steps')."""
+    section, _, leaf = key.rpartition(".")
+    same = [v for v in valid if v.rpartition(".")[0] == section]
+    near = difflib.get_close_matches(leaf, [v.rpartition(".")[2] for v in same], n=1)
     if near:
-        full = next(v for v in valid if v.rsplit(".", 1)[-1] == near[0])
-        hint = f"; did you mean '{full}'?"
+        full: str | None = f"{section}.{near[0]}" if section else near[0]
+    else:
+        full = next((v for v in valid if v.rpartition(".")[2] == leaf), None)
+        full = full or next(iter(difflib.get_close_matches(key, valid, n=1)), None)
+    hint = f"; did you mean '{full}'?" if full else ""
     return ConfigError(f"{where}unknown config key '{key}'{hint}")
 
 
-def _build(cls: type, data: dict, prefix: str, where: str) -> Any:
+def _key_lines(text: str, node: Any = None, prefix: str = "") -> dict[str, int]:
+    """1-based line of every dotted key in a YAML text, so errors can name file:line."""
+    node = yaml.compose(text) if node is None else node
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for knode, vnode in node.value:
+            key = f"{prefix}{knode.value}"
+            lines[key] = knode.start_mark.line + 1
+            lines.update(_key_lines(text, vnode, key + "."))
+    return lines
+
+
+def _build(cls: type, data: dict, prefix: str, where: str, lines: dict[str, int] | None = None) -> Any:
+    """Build a config dataclass from a mapping; `where` ('file: ') prefixes errors, and with `lines` (dotted
+    key -> line) an error about a key from the file names file:line."""
+    lines = lines or {}
+
+    def at(key: str) -> str:
+        return f"{where[:-2]}:{lines[key]}: " if where and key in lines else where
+
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}'{prefix.rstrip('.') or '<root>'}' must be a mapping, got {data!r}")
+        raise ConfigError(f"{at(prefix.rstrip('.'))}'{prefix.rstrip('.') or '<root>'}' must be a mapping, got {data!r}")
     hints = _field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     valid = [prefix + n for n in fields]
     kwargs = {}
     for k, v in data.items():
         if k not in fields:
-            raise _unknown(prefix + str(k), valid, where)
+            raise _unknown(prefix + str(k), valid, at(prefix + str(k)))
         tp = hints[k]
         if dataclasses.is_dataclass(tp):
-            kwargs[k] = _build(tp, v or {}, f"{prefix}{k}.", where)
+            kwargs[k] = _build(tp, v or {}, f"{prefix}{k}.", where, lines)
         else:
             try:
                 kwargs[k] = _check_value(v, tp, prefix + k, dict(fields[k].metadata))
             except ConfigError as e:
-                raise ConfigError(f"{where}{e}") from None
+                raise ConfigError(f"{at(prefix + k)}{e}") from None
     return cls(**kwargs)
 
 
@@ -445,10 +471,13 @@ def load_config(
     """
     tree: dict = {}
     where = ""
+    lines: dict[str, int] = {}
     if path is not None:
         where = f"{path}: "
         try:
-            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            text = Path(path).read_text(encoding="utf-8")
+            tree = yaml.safe_load(text) or {}
+            lines = _key_lines(text)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except UnicodeDecodeError as e:
@@ -471,7 +500,9 @@ def load_config(
             if node is None:
                 raise ConfigError(f"{path}: no {key} (the file must set it; defaults are not assumed)")
     tree = apply_overrides(tree, overrides or [])
-    cfg = _build(Config, tree, "", where)
+    for ov in overrides or []:  # an overridden value did not come from its line in the file
+        lines.pop(ov.split("=", 1)[0], None)
+    cfg = _build(Config, tree, "", where, lines)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
     if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import time
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from rl_training import dist
+from rl_training.checkpoint import abandoned_dir
 from rl_training.rewards import Scores
 from rl_training.rollout.base import Rollouts
 from rl_training.trainer import TrainStats
@@ -129,6 +131,22 @@ def step_metrics(
     return out
 
 
+def set_aside_logs(run_dir: Path) -> Path | None:
+    """A fresh start in a run directory that already has logs (a run that crashed before its first checkpoint,
+    or `ckpt.resume=latest` with none complete) moves metrics.jsonl and tb/ into run_dir/abandoned_<time>/
+    instead of deleting them or appending a second history to the same TensorBoard steps."""
+    old = [p for p in (run_dir / "metrics.jsonl", run_dir / "tb") if p.exists()]
+    if not old:
+        return None
+    dest = abandoned_dir(run_dir)
+    for p in old:
+        os.replace(p, dest / p.name)
+    print(
+        f"note: starting {run_dir} afresh: moved its earlier {' and '.join(p.name for p in old)} to {dest}", flush=True
+    )
+    return dest
+
+
 class MetricsLogger:
     """TensorBoard + metrics.jsonl on rank 0; a null object elsewhere.
 
@@ -148,8 +166,8 @@ class MetricsLogger:
             tmp = self.jsonl.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(ln + "\n" for ln in keep))
             tmp.replace(self.jsonl)
-        elif not resume_step and self.jsonl.exists():
-            self.jsonl.unlink()
+        elif not resume_step:
+            set_aside_logs(Path(run_dir))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 

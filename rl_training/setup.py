@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rl_training.checkpoint import CheckpointError, find_latest, list_checkpoints, set_aside_later, validate_checkpoint
+from rl_training.checkpoint import (
+    CheckpointError,
+    find_latest,
+    list_checkpoints,
+    resume_changes,
+    set_aside_later,
+    validate_checkpoint,
+)
 
 
 def seed_all(seed: int) -> None:
@@ -53,7 +60,7 @@ def lr_lambda(warmup: int, schedule: str, total: int):
     return f
 
 
-def resolve_resume(resume: str, run_dir: Path) -> Path | None:
+def resolve_resume(resume: str, run_dir: Path, config_yaml: str | None = None) -> Path | None:
     """The checkpoint to resume from, or None for a fresh start; refuses to clobber an existing run.
 
     Resuming from step s moves run_dir's checkpoints after s aside (rank 0, `set_aside_later`), so that
@@ -69,7 +76,12 @@ def resolve_resume(resume: str, run_dir: Path) -> Path | None:
     if path is None:
         return None
     step = validate_checkpoint(path)
+    # config_yaml (the resolved config): refuse a changed adapter shape or scale before anything is moved,
+    # and say what else differs from the checkpoint's saved config
+    changes = resume_changes(path, config_yaml) if config_yaml is not None else []
     if int(os.environ.get("RANK", 0)) == 0:
+        if changes:
+            print(f"note: resuming {path} with changed settings: {'; '.join(changes)}", flush=True)
         moved = set_aside_later(run_dir, step)
         if moved:
             print(

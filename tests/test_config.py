@@ -43,8 +43,37 @@ def test_derived_values():
 def test_unknown_key_names_nearest(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("loss:\n  kl_coeff: 0.1\n")  # the typo that disabled KL forever in the earlier codebase
-    with pytest.raises(ConfigError, match=r"c.yaml: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"):
+    with pytest.raises(ConfigError, match=r"c.yaml:2: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"):
         load_config(p)
+
+
+def test_file_errors_name_the_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("run:\n  name: x\n\ntrain:\n  seed: 1\n  total_steps: -3\n")
+    # total_steps is on line 6 (run, name, blank, train, seed, total_steps)
+    with pytest.raises(ConfigError, match=r"c.yaml:6: train.total_steps=-3 must be >= 1"):
+        load_config(p)
+    # an override replaces the file's value, so a bad override is not blamed on the file's line
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["train.total_steps=0"])
+    assert str(e.value) == f"{p}: train.total_steps=0 must be >= 1"
+    assert load_config(p, ["train.total_steps=2"]).train.total_steps == 2
+
+
+@pytest.mark.parametrize(
+    "override, nearest",
+    [
+        ("eval.evry=3", "eval.every"),  # same section first, not ckpt.every
+        ("eval.temprature=0.5", "eval.temperature"),  # not rollout.temperature
+        ("train.lr=1e-4", "optim.lr"),  # the exact name in another section
+        ("trian.total_steps=3", "train.total_steps"),  # a misspelt section
+    ],
+)
+def test_nearest_key_prefers_the_same_section(override, nearest):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"command line: unknown config key '{key}'; did you mean '{nearest}'?"
 
 
 def test_unknown_section_and_override():

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rl_training.checkpoint import COMPLETE, list_checkpoints
 from rl_training.runners import rl_runner
@@ -182,6 +184,46 @@ def test_fresh_start_refuses_to_clobber_existing_run(run_overrides, tmp_path, ca
     assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=1"]) == 2
     assert "already has checkpoints; pass ckpt.resume=latest" in capsys.readouterr().err
     assert list_checkpoints(tmp_path / "runs" / "testconfig") == before  # nothing lost
+
+
+def test_fresh_start_sets_earlier_logs_aside(run_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "testconfig"
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2"]) == 0
+    first = (run_dir / "metrics.jsonl").read_text()
+    shutil.rmtree(run_dir / "checkpoints")  # as if it had crashed before its first checkpoint
+    capsys.readouterr()
+    # `latest` finds nothing complete and starts afresh: the earlier logs are moved aside, not deleted, and
+    # TensorBoard gets one history (steps 1, 2), not two interleaved ones (1, 1, 2, 2).
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2", "ckpt.resume=latest"]) == 0
+    (aside,) = run_dir.glob("abandoned_*")
+    assert f"moved its earlier metrics.jsonl and tb to {aside}" in capsys.readouterr().out
+    assert (aside / "metrics.jsonl").read_text() == first
+    assert tb_steps(aside, "train/loss") == [1, 2]
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2]
+    assert tb_steps(run_dir, "train/loss") == [1, 2]
+
+
+def test_resume_checks_the_saved_config(run_overrides, tmp_path, capsys):
+    run_dir = tmp_path / "runs" / "testconfig"
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2"]) == 0
+    saved = (run_dir / "checkpoints" / "step_000002" / "config.yaml").read_text()
+    capsys.readouterr()
+    # A different LoRA rank (shapes) or alpha (scale) would not continue the same adapter: one line, nothing moved.
+    for bad in ("lora.r=4", "lora.alpha=3.0"):
+        args = ["--cfg", TESTCFG, *run_overrides, "train.total_steps=3", "ckpt.resume=latest", bad]
+        assert rl_runner.main(args) == 2
+        err = capsys.readouterr().err.strip()
+        key, new = bad.split("=")
+        assert err.startswith(f"error: {run_dir / 'checkpoints' / 'step_000002'}: saved with {key}=")
+        assert f", now {yaml.safe_load(new)!r}; the adapter would not mean the same" in err and "\n" not in err
+    assert [s for s, _ in list_checkpoints(run_dir)] == [2]
+    assert (run_dir / "checkpoints" / "step_000002" / "config.yaml").read_text() == saved
+    # Other changes are allowed and named.
+    args = ["--cfg", TESTCFG, *run_overrides, "train.total_steps=3", "ckpt.resume=latest", "optim.lr=0.0005"]
+    assert rl_runner.main(args) == 0
+    out = capsys.readouterr().out
+    lr = yaml.safe_load(saved)["optim"]["lr"]
+    assert f"with changed settings: optim.lr: {lr!r} -> 0.0005; train.total_steps: 2 -> 3" in out
 
 
 def test_incomplete_checkpoint_is_rejected_and_skipped(run_overrides, tmp_path, capsys):

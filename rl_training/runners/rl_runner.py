@@ -116,7 +116,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     d = derive(cfg, info.world_size)
     resolve_target(cfg.sync, d.run_dir)  # saved and logged resolved, like the backend
     set_cpu_threads()
-    resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir)
+    resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir, to_yaml(cfg))
     seed_all(cfg.train.seed)  # the same LoRA init on every rank
     tokenizer, model = build_policy(cfg, info.device)
     params = trainable_parameters(model)
