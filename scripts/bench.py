@@ -5,7 +5,9 @@
 
 Each backend (and batch size) gets its own freshly built run (same seed, same config, a temp output dir), and
 the runs take turns step by step, so a noisy shared machine slows them alike; compare the ratios. The first
-`--warmup` steps of each are excluded. Overrides apply to every run.
+`--warmup` steps of each are excluded. Overrides apply to every run. `--backends` defaults to hf,vllm where vllm
+is installed. All runs share this process, so the peak RSS column is the process's, not one backend's; run one
+backend alone to read its memory.
 
 `--batches B1,B2,...` runs each backend at those rollout.prompts_per_step values and fits the step-time model
 step_s = t_f + t_u * B (GNS_ESS.md 1.6); it prints the probe.step_time_fixed_s / probe.step_time_per_group_s
@@ -15,6 +17,7 @@ overrides that let the GNS probe log the goodput-optimal batch probe/gns/b_star.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -58,7 +61,8 @@ def summarize(rows: list[dict], run) -> dict:
         "completions_per_s": n_seq / step,
         "gen_tokens_per_s": med["perf/gen_tokens_per_s"],
         "tokens_per_s": med["perf/tokens_per_s"],
-        "peak_rss_gb": max(r["mem/peak_rss_gb"] for r in rows),
+        # every run lives in this one process: its peak RSS covers all of them (and is the same in each column)
+        "process_peak_rss_gb": max(r["mem/peak_rss_gb"] for r in rows),
         "steps_measured": len(rows),
     }
 
@@ -80,7 +84,7 @@ def main() -> int:
     ap.add_argument("--cfg", default=str(REPO / "cfg" / "tiny_cpu.yaml"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--backends", default="hf")
+    ap.add_argument("--backends", default="hf,vllm" if importlib.util.find_spec("vllm") else "hf")
     ap.add_argument("--batches", default="", help="prompts per step to compare, e.g. 8,16 (fits t_f, t_u)")
     ap.add_argument("--out", default=str(REPO / "bench_results" / "bench.json"))
     ap.add_argument("overrides", nargs="*")

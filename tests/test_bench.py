@@ -42,7 +42,7 @@ def test_recommendation_hysteresis_holds_for_r_steps():
 def test_bench_fits_step_time_over_batch_sizes(run_overrides, tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench.py"), "--cfg", str(REPO / "cfg" / "testconfig.yaml")]
-    cmd += ["--steps", "2", "--warmup", "0", "--batches", "2,4", "--out", str(out), *run_overrides]
+    cmd += ["--backends", "hf", "--steps", "2", "--warmup", "0", "--batches", "2,4", "--out", str(out), *run_overrides]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(out.read_text())
