@@ -247,6 +247,11 @@ class GNSTracker:
     def state_dict(self) -> dict:
         return {"beta": self.beta, "levels": {k: vars(v).copy() for k, v in self.levels.items()}}
 
-    def load_state_dict(self, d: dict) -> None:
-        self.beta = d["beta"]
+    def load_state_dict(self, d: dict) -> bool:
+        """Restore the levels' EMAs; returns False (and restarts them, keeping only the skipped counts) when
+        they were saved with another beta: the configured beta is kept."""
+        if d["beta"] != self.beta:
+            self.levels = {k: GNSState(beta=self.beta, skipped=v["skipped"]) for k, v in d["levels"].items()}
+            return False
         self.levels = {k: GNSState(**v) for k, v in d["levels"].items()}
+        return True
