@@ -54,7 +54,7 @@ def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, dr
         device=info.device,
     )
     opt = torch.optim.SGD(params, lr=0.0)
-    probes.begin_step(G, 4)
+    probes.begin_step(G, adv[rows], [len(ro.completion_ids[r]) for r in rows])
     train_on_rollouts(
         model,
         opt,
@@ -66,7 +66,7 @@ def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, dr
         probes,
     )
     res = {lv: vars(est) for lv, est in probes.tracker.last.items()}
-    res["metrics"] = probes.metrics(zero_adv_group_frac=1 / 8, mean_group_tokens=1.0)  # collective (ESS gather)
+    res["metrics"] = probes.metrics()  # collective (ESS gather)
     Path(out, f"rank{rank}.json").write_text(json.dumps(res))
     dist.cleanup()
 

@@ -90,6 +90,10 @@ def test_ess_alert_watches_raw_ratios_without_tis_and_sudden_drops():
     assert alerts({**ok, "probe/ess/token_raw": 0.97}, 0, hist[:9])["probe/alert/ess_token"] == 0.0
     assert alerts({**ok, "probe/ess/token_raw": 0.987}, 0, [0.99] * 10)["probe/alert/ess_token"] == 0.0
     assert alerts({**ok, "probe/ess/token_raw": 0.984}, 0, [0.99] * 10)["probe/alert/ess_token"] == 1.0
+    # No token weighted this step (every group dropped): ESS 0 with ess/defined = 0 is no alert, not "critical".
+    undefined = {"probe/ess/token": 0.0, "probe/ess/token_raw": 0.0, "probe/ess/defined": 0.0}
+    assert alerts(undefined, 0, [0.99] * 10)["probe/alert/ess_token"] == 0.0
+    assert alerts({**undefined, "probe/ess/defined": 1.0}, 0)["probe/alert/ess_token"] == 2.0
 
 
 def test_gns_levels_keep_only_identifiable_ones(capsys):

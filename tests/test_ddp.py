@@ -97,7 +97,7 @@ def single_process_probes(model, ro, adv):
         device=torch.device("cpu"),
     )
     opt = torch.optim.SGD(params, lr=0.0)
-    probes.begin_step(G, 8)
+    probes.begin_step(G, adv, [len(c) for c in ro.completion_ids])
     train_on_rollouts(
         model,
         opt,

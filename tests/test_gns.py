@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl_training.probes.capture import MicroGradCapture
-from rl_training.probes.gns import GNSState, SmallBatchSums, ema_n_eff, recommend_batch, two_batch_estimate
+from rl_training.probes.gns import GNSState, RawEstimate, SmallBatchSums, ema_n_eff, recommend_batch, two_batch_estimate
 
 D = torch.float64
 
@@ -90,12 +90,39 @@ def test_permuting_units_changes_nothing_at_unit_level():
 
 
 def test_identical_unit_gradients_give_zero_noise():
-    g = torch.ones(8, 6, dtype=D) * 0.7
-    est, _ = estimate_from_units(g, 2)
-    assert abs(est.trace_sigma) <= 1e-12 * est.s_bar
+    # Random identical vectors over many seeds and shapes: S - Q is round-off (~1e-16 S, either sign), so
+    # trSigma_ema can be slightly negative; it must read as B_simple = 0 (valid), never NaN. Before the
+    # round-off tolerance 50 of these 200 cases gave NaN.
+    for seed in range(200):
+        gen = torch.Generator().manual_seed(seed)
+        d, b, k = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 300), (1, 9), (2, 17)))
+        g = torch.randn(d, generator=gen, dtype=D).expand(b * k, d)
+        est, _ = estimate_from_units(g, b)
+        assert abs(est.trace_sigma) <= 1e-12 * est.s_bar
+        st = GNSState(beta=0.9)
+        st.update(est)
+        st.update(est)
+        assert st.valid and st.b_simple == pytest.approx(0.0, abs=1e-10), (seed, d, b, k)
+
+
+def test_clearly_negative_trace_sigma_is_still_invalid():
+    # The tolerance is round-off only: a noise estimate of -1% of the per-step scale stays NaN.
     st = GNSState(beta=0.9)
-    st.update(est)
-    assert st.b_simple == pytest.approx(0.0, abs=1e-10)
+    st.update(RawEstimate(trace_sigma=-0.01, grad_sq_norm=1.0, s_bar=1.0, q=1.0, a=1.0, beta=0.0, k=2))
+    assert not st.valid and math.isnan(st.b_simple)
+
+
+def test_window_sum_mode_resets_every_r_steps():
+    # window R = 3: after 5 updates the state holds only updates 4 and 5 (plain sums, N_eff = 2).
+    ests = [RawEstimate(float(i), 1.0 + i, 1.0, 1.0, 1.0, 0.0, 2) for i in range(1, 6)]
+    st = GNSState(window=3)
+    for e in ests[:3]:
+        st.update(e)
+    assert st.b_simple == pytest.approx((1 + 2 + 3) / (2 + 3 + 4), rel=1e-15) and st.n_eff == 3
+    for e in ests[3:]:
+        st.update(e)
+    assert st.b_simple == pytest.approx((4 + 5) / (5 + 6), rel=1e-15) and st.n_eff == 2
+    assert st.trace_sigma == pytest.approx(4.5) and st.grad_sq_norm == pytest.approx(5.5)
 
 
 def test_pure_noise_toggles_validity_without_nan():
@@ -135,13 +162,12 @@ def constant_gradient_units(n: int, gen, mu_sq: float, L: int = 256) -> torch.Te
     return mu + torch.randn(n, L, generator=gen, dtype=D)
 
 
-def run_ratio_of_sums(steps, sizes, mu_sq, seed, beta=None):
+def run_ratio_of_sums(steps, sizes, mu_sq, seed, state: GNSState | None = None):
     """Feed the estimator small batches of the given sizes per step; return the ratio of summed estimates
-    (or the EMA state's B_simple when beta is given) and the per-step ratios."""
+    (or `state`'s B_simple, after feeding it every step) and the per-step ratios."""
     gen = torch.Generator().manual_seed(seed)
     n = sum(sizes)
     tr_sum = g2_sum = 0.0
-    st = GNSState(beta=beta) if beta is not None else None
     ratios = []
     for _ in range(steps):
         u = constant_gradient_units(n, gen, mu_sq)
@@ -153,9 +179,17 @@ def run_ratio_of_sums(steps, sizes, mu_sq, seed, beta=None):
         tr_sum += est.trace_sigma
         g2_sum += est.grad_sq_norm
         ratios.append(est.trace_sigma / est.grad_sq_norm)
-        if st is not None:
-            st.update(est)
-    return (st.b_simple if st else tr_sum / g2_sum), ratios, st
+        if state is not None:
+            state.update(est)
+    return (state.b_simple if state else tr_sum / g2_sum), ratios, state
+
+
+def ema_of_ratios(ratios: list[float], beta: float) -> float:
+    """The wrong smoothing (an EMA of per-step ratios), to show that the oracles below can catch it."""
+    m = 0.0
+    for r in ratios:
+        m = beta * m + (1 - beta) * r
+    return m / (1 - beta ** len(ratios))
 
 
 def test_s1_micro_ratio_of_sums():  # simulated rel. error sd 1.9% -> assert < 10%
@@ -164,9 +198,23 @@ def test_s1_micro_ratio_of_sums():  # simulated rel. error sd 1.9% -> assert < 1
 
 
 def test_s1_micro_ema():  # EMA beta 0.99 over 500 steps, sd 1.9% -> < 10%; also the numerator and denominator
-    bs, _, st = run_ratio_of_sums(500, [4] * 8, 4.0, seed=11, beta=0.99)
+    bs, _, st = run_ratio_of_sums(500, [4] * 8, 4.0, seed=11, state=GNSState(beta=0.99))
     assert abs(bs / 64 - 1) < 0.10
     assert abs(st.trace_sigma / 256 - 1) < 0.05 and abs(st.grad_sq_norm / 4 - 1) < 0.15
+
+
+def test_s1_ema_is_not_an_ema_of_ratios():
+    # One seed cannot separate the two: simulated over 40 seeds, the EMA of sums (beta 0.99, 500 steps) has
+    # rel. error mean -0.3%, sd 2.0%; an EMA of per-step ratios has mean +8.5%, sd 2.5% (range +2.3..+14.5%).
+    # Averaged over 8 seeds: sd 0.7% vs 0.9%, so |mean error| < 4% passes the right smoothing by > 5 sd and
+    # fails the EMA of ratios by ~5 sd. Both are computed on the same draws.
+    errs, wrong = [], []
+    for seed in range(100, 108):
+        bs, ratios, _ = run_ratio_of_sums(500, [4] * 8, 4.0, seed=seed, state=GNSState(beta=0.99))
+        errs.append(bs / 64 - 1)
+        wrong.append(ema_of_ratios(ratios, 0.99) / 64 - 1)
+    assert abs(sum(errs) / len(errs)) < 0.04
+    assert abs(sum(wrong) / len(wrong)) > 0.04
 
 
 def test_s1_unit_level():  # b = 1, K = 32, 50 steps, sd 3.8% -> < 15%
@@ -276,9 +324,14 @@ def test_t5_inf_gradient_through_the_hooks_is_skipped_and_the_ema_untouched():
 def test_s2_ratio_of_sums_versus_mean_of_ratios():
     # |mu|^2 = 0.25 -> B_simple = 1024 with B = 32: after 2000 steps the ratio of sums has sd 7% (assert < 30%);
     # the mean of per-step ratios is off by > 100% in this regime (what an "EMA of the ratio" would report).
-    bs, ratios, _ = run_ratio_of_sums(2000, [4] * 8, 0.25, seed=16)
+    # Run through GNSState's window-sum mode (one window of 2000 steps), so the code's smoothing is tested.
+    bs, ratios, st = run_ratio_of_sums(2000, [4] * 8, 0.25, seed=16, state=GNSState(window=2000))
+    tr_sum_ratio, _, _ = run_ratio_of_sums(2000, [4] * 8, 0.25, seed=16)  # the same draws, summed here
+    assert st.valid and bs == pytest.approx(tr_sum_ratio, rel=1e-9)
     assert abs(bs / 1024 - 1) < 0.30
-    assert abs(sum(ratios) / len(ratios) / 1024 - 1) > 1.0
+    mean_of_ratios = sum(ratios) / len(ratios)
+    assert abs(mean_of_ratios / 1024 - 1) > 1.0
+    assert abs(bs / mean_of_ratios - 1) > 0.5  # the implementation's value is not the mean of ratios
 
 
 def test_s3_theta_dependent_truth_linear_regression():
@@ -316,6 +369,6 @@ def test_s4_standard_error_is_calibrated():
     # Across 200 seeds, |B_simple_ema / 64 - 1| <= 2 rel_se should hold for 85-99% of runs (GNS_ESS.md S4).
     hits = 0
     for seed in range(200):
-        bs, _, st = run_ratio_of_sums(150, [4] * 8, 4.0, seed=1000 + seed, beta=0.95)
+        bs, _, st = run_ratio_of_sums(150, [4] * 8, 4.0, seed=1000 + seed, state=GNSState(beta=0.95))
         hits += abs(bs / 64 - 1) <= 2 * st.b_simple_rel_se
     assert 0.85 <= hits / 200 <= 0.99

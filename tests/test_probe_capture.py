@@ -80,9 +80,8 @@ def test_t1_hooks_match_brute_force_per_group_gradients(setup):
         units.remove()
 
 
-def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0.0, kl_coef=0.0, drop=False):
-    params = trainable_parameters(model)
-    probes = StepProbes(
+def unit_and_micro_probes(model, params, groups_per_micro: int) -> StepProbes:
+    return StepProbes(
         model,
         params,
         levels=["unit", "micro"],
@@ -92,10 +91,15 @@ def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0
         micro_batch_groups=groups_per_micro,
         device=torch.device("cpu"),
     )
+
+
+def run_step_with_probes(model, ro, adv, norm, groups_per_micro, max_grad_norm=0.0, kl_coef=0.0, drop=False):
+    params = trainable_parameters(model)
+    probes = unit_and_micro_probes(model, params, groups_per_micro)
     try:
         opt = torch.optim.SGD(params, lr=0.0)
         mbs = make_micro_batches(ro, adv, G, groups_per_micro, 0, torch.device("cpu"), drop_zero_adv_groups=drop)
-        probes.begin_step(G, N_GROUPS)
+        probes.begin_step(G, adv, [len(c) for c in ro.completion_ids])
         train_on_rollouts(
             model,
             opt,
@@ -153,6 +157,20 @@ def test_hooks_ignore_the_reference_forward(setup):
     assert probes.hook_errors == 0 and probes.tracker.last["unit"] is not None
 
 
+def zeroed(adv: torch.Tensor, zero_groups: list[int]) -> torch.Tensor:
+    adv = adv.clone()
+    for g in zero_groups:
+        adv[g * G : (g + 1) * G] = 0.0
+    return adv
+
+
+def steps_with_and_without_dropping(setup, zero_groups):
+    """The same step with the zero-advantage groups trained on (kept) and skipped (dropped)."""
+    model, ro, adv, norm = setup
+    adv = zeroed(adv, zero_groups)
+    return tuple(run_step_with_probes(model, ro, adv, norm, 2, drop=drop) for drop in (False, True))
+
+
 @pytest.mark.parametrize("zero_groups", [[1], [0, 1]])
 def test_dropping_zero_advantage_groups_leaves_every_level_unchanged(setup, zero_groups):
     # A zero-advantage group's gradient is exactly 0 (no KL term), so the step gradient and every small
@@ -161,12 +179,7 @@ def test_dropping_zero_advantage_groups_leaves_every_level_unchanged(setup, zero
     # zero_groups=[0,1]: block [0,1] is skipped entirely and enters as one zero small gradient with b = 2.
     # (The old re-packing of kept groups into new blocks would have made the micro partition depend on the
     # advantages and biased the micro level: GNS_ESS.md 1.3 needs blocks chosen independently of the units.)
-    model, ro, adv, norm = setup
-    adv = adv.clone()
-    for g in zero_groups:
-        adv[g * G : (g + 1) * G] = 0.0
-    kept = run_step_with_probes(model, ro, adv, norm, 2, drop=False)
-    dropped = run_step_with_probes(model, ro, adv, norm, 2, drop=True)
+    kept, dropped = steps_with_and_without_dropping(setup, zero_groups)
     for level in ("unit", "micro"):
         a, b = kept.tracker.last[level], dropped.tracker.last[level]
         for field in ("trace_sigma", "grad_sq_norm", "s_bar", "q", "a", "beta", "k"):
@@ -180,7 +193,7 @@ def test_hook_miscount_skips_that_levels_step(setup):
     model, ro, adv, norm = setup
     probes = run_step_with_probes(model, ro, adv, norm, 2)
     assert probes.tracker.levels["micro"].skipped == 0
-    probes.begin_step(G, N_GROUPS)
+    probes.begin_step(G, adv, [len(c) for c in ro.completion_ids])
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     probes.install_hooks()
     try:
@@ -194,3 +207,72 @@ def test_hook_miscount_skips_that_levels_step(setup):
         probes.remove_hooks()
     assert probes.hook_errors == 2 * 2  # both micro-batches, both levels
     assert probes.tracker.levels["micro"].skipped == 1 and probes.tracker.levels["unit"].skipped == 1
+
+
+def hook_count(model, params) -> int:
+    """Tensor hooks on the trainable parameters plus forward hooks on every module."""
+    return sum(len(p._backward_hooks or {}) for p in params) + sum(len(m._forward_hooks) for m in model.modules())
+
+
+def test_install_hooks_is_idempotent_and_remove_leaves_none(setup):
+    # The overhead benchmark alternates install/remove: "on" steps must carry exactly one set of hooks (the
+    # constructor's set must not stay under a second one) and "off" steps none at all.
+    model, _, _, _ = setup
+    params = trainable_parameters(model)
+    before = hook_count(model, params)
+    probes = unit_and_micro_probes(model, params, 2)
+    one_set = hook_count(model, params) - before
+    assert one_set == len(params) + 2 * len(probes.unit_cap.pairs)  # a hook per tensor, per lora_A/lora_B
+    for _ in range(3):
+        probes.install_hooks()
+        assert hook_count(model, params) - before == one_set
+        probes.remove_hooks()
+        assert hook_count(model, params) == before
+        probes.remove_hooks()  # removing twice is harmless
+        assert hook_count(model, params) == before
+
+
+ADV_ESS = ("probe/ess/adv_seq", "probe/ess/adv_token", "probe/gns/degenerate_group_frac")
+
+
+@pytest.mark.parametrize("zero_groups", [[1], [0, 1]])
+def test_dropping_zero_advantage_groups_leaves_the_advantage_ess_unchanged(setup, zero_groups):
+    # E6: degenerate groups count with weight 0, in N (sequences) and in the token total sum_i T_i alike.
+    # Skipped groups never reach observe_rollout, so their lengths come from begin_step; without them
+    # ess/adv_token came out larger with dropping. (The mismatch ESS, ess/token etc., covers the tokens the
+    # loss actually sees, so it legitimately differs when groups are skipped.)
+    kept, dropped = (probes.metrics() for probes in steps_with_and_without_dropping(setup, zero_groups))
+    for key in ADV_ESS:
+        assert dropped[key] == pytest.approx(kept[key], rel=1e-12, abs=0), key
+    assert kept["probe/gns/degenerate_group_frac"] == len(zero_groups) / N_GROUPS
+    # worked value: (sum_i T_i |A_i|)^2 / (sum_i T_i A_i^2) / sum_i T_i over all 8 sequences, zeros included
+    _, ro, adv, _ = setup
+    T = torch.tensor([len(c) for c in ro.completion_ids], dtype=torch.float64)
+    a = zeroed(adv, zero_groups).abs()
+    expect = ((T * a).sum() ** 2 / (T * a * a).sum() / T.sum()).item()
+    assert dropped["probe/ess/adv_token"] == pytest.approx(expect, rel=1e-12)
+
+
+def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history(setup):
+    # Nothing was weighted: token ESS undefined (ess/defined = 0, ESS 0 by the E3 convention). That is no
+    # "critical" mismatch, and no 0 may enter the drop rule's history.
+    model, ro, adv, norm = setup
+    probes = run_step_with_probes(model, ro, adv, norm, 2)
+    first = probes.metrics()
+    assert first["probe/ess/defined"] == 1.0 and len(probes.ess_history) == 1
+    zero = torch.zeros_like(adv)
+    probes.install_hooks()
+    try:
+        model.zero_grad(set_to_none=True)  # no backward runs in this step
+        probes.begin_step(G, zero, [len(c) for c in ro.completion_ids])
+        mbs = make_micro_batches(ro, zero, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
+        assert mbs == []
+        probes.before_allreduce()
+        probes.after_allreduce()
+        m = probes.metrics()
+    finally:
+        probes.remove_hooks()
+    assert m["probe/ess/defined"] == 0.0 and m["probe/ess/token"] == 0.0
+    assert m["probe/alert/ess_token"] == 0.0
+    assert list(probes.ess_history) == [first["probe/ess/token_raw"]]
+    assert m["probe/gns/degenerate_group_frac"] == 1.0

@@ -98,7 +98,8 @@ def mismatch_ess(m: dict[str, float]) -> float:
 
 def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = ()) -> dict[str, float]:
     """0 = fine. ess_token: 1 warn (or a sudden drop) / 2 critical. batch: -1 noise-dominated, +1 wasteful.
-    `ess_history`: mismatch_ess of the previous steps (the drop rule needs DROP_MIN_HISTORY of them)."""
+    `ess_history`: mismatch_ess of the previous steps (the drop rule needs DROP_MIN_HISTORY of them).
+    A step whose token ESS is undefined (`probe/ess/defined` = 0) raises no ess_token alert."""
     out = {
         "probe/alert/ess_token": 0.0,
         "probe/alert/batch": 0.0,
@@ -111,7 +112,9 @@ def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = 
         mu = sum(ess_history) / len(ess_history)
         sd = math.sqrt(sum((x - mu) ** 2 for x in ess_history) / (len(ess_history) - 1))
         drop = mu - tok > max(DROP_SD * sd, DROP_FLOOR)
-    if tok < ESS_CRITICAL:
+    if not m.get("probe/ess/defined", 1.0):
+        pass  # no token was weighted (every group dropped for a zero advantage): nothing to alert on
+    elif tok < ESS_CRITICAL:
         out["probe/alert/ess_token"] = 2.0
     elif tok < ESS_WARN or drop:
         out["probe/alert/ess_token"] = 1.0

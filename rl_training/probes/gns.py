@@ -71,17 +71,28 @@ def ema_n_eff(beta: float, t: int) -> float:
     return (1 - beta**t) ** 2 * (1 + beta) / ((1 - beta) * (1 - beta ** (2 * t)))
 
 
+# Round-off of a zero noise estimate: S - Q of identical small gradients is ~1e-16 S, so trSigma_ema within
+# this fraction of the per-step scale max(S, Q)/(a - beta) is zero (B_simple = 0), not a negative (NaN) value.
+ZERO_TRACE_RTOL = 1e-12
+
+
 @dataclass
 class GNSState:
-    """Bias-corrected EMAs of the raw (trSigma, |G|^2) pair and of their second moments (for the SE)."""
+    """Bias-corrected EMAs of the raw (trSigma, |G|^2) pair and of their second moments (for the SE).
+
+    `window` > 0 switches to the spec's window-sum mode (GNS_ESS.md 1.4, for tests and offline checks): plain
+    sums over the last `window` updates, reset every `window` updates, so B_simple is the ratio of the
+    window's sums and N_eff is the number of steps in it. `beta` is then unused by the smoothing."""
 
     beta: float = 0.95
+    window: int = 0
     t: int = 0
     m_tr: float = 0.0
     m_g2: float = 0.0
     m_tr2: float = 0.0
     m_g22: float = 0.0
     m_trg2: float = 0.0
+    m_scale: float = 0.0  # smoothed max(S, Q)/(a - beta): the size of trSigma's round-off, ZERO_TRACE_RTOL
     skipped: int = 0  # steps whose estimate was non-finite or not identifiable
     valid_steps: int = 0  # updates after which the estimate was valid (the recommendation's warm-up counts these)
 
@@ -93,16 +104,23 @@ class GNSState:
         self.valid_steps += self.valid
 
     def _update(self, est: RawEstimate) -> None:
-        b = self.beta
+        if self.window and self.t == self.window:
+            self.t = 0
+            self.m_tr = self.m_g2 = self.m_tr2 = self.m_g22 = self.m_trg2 = self.m_scale = 0.0
+        b, w = (1.0, 1.0) if self.window else (self.beta, 1 - self.beta)
         self.t += 1
-        self.m_tr = b * self.m_tr + (1 - b) * est.trace_sigma
-        self.m_g2 = b * self.m_g2 + (1 - b) * est.grad_sq_norm
-        self.m_tr2 = b * self.m_tr2 + (1 - b) * est.trace_sigma**2
-        self.m_g22 = b * self.m_g22 + (1 - b) * est.grad_sq_norm**2
-        self.m_trg2 = b * self.m_trg2 + (1 - b) * est.trace_sigma * est.grad_sq_norm
+        self.m_tr = b * self.m_tr + w * est.trace_sigma
+        self.m_g2 = b * self.m_g2 + w * est.grad_sq_norm
+        self.m_tr2 = b * self.m_tr2 + w * est.trace_sigma**2
+        self.m_g22 = b * self.m_g22 + w * est.grad_sq_norm**2
+        self.m_trg2 = b * self.m_trg2 + w * est.trace_sigma * est.grad_sq_norm
+        self.m_scale = b * self.m_scale + w * max(est.s_bar, est.q) / (est.a - est.beta)
 
     def _bc(self, m: float) -> float:
-        return m / (1 - self.beta**self.t) if self.t else float("nan")
+        """The bias-corrected EMA (or the window mean) of a smoothed sum."""
+        if not self.t:
+            return float("nan")
+        return m / self.t if self.window else m / (1 - self.beta**self.t)
 
     @property
     def trace_sigma(self) -> float:
@@ -112,26 +130,30 @@ class GNSState:
     def grad_sq_norm(self) -> float:
         return self._bc(self.m_g2)
 
+    def _trace_sigma_or_zero(self) -> float:
+        tr = self.trace_sigma
+        return 0.0 if abs(tr) <= ZERO_TRACE_RTOL * self._bc(self.m_scale) else tr
+
     @property
     def valid(self) -> bool:
-        """|G|^2_ema > 0 (the spec's rule), and also trSigma_ema >= 0: a negative noise estimate would give a
-        negative B_simple, which is shown as NaN too rather than as a number."""
-        return self.t > 0 and self.grad_sq_norm > 0 and self.trace_sigma >= 0
+        """|G|^2_ema > 0 (the spec's rule), and also trSigma_ema >= 0 up to round-off: a negative noise estimate
+        would give a negative B_simple, which is shown as NaN too rather than as a number."""
+        return self.t > 0 and self.grad_sq_norm > 0 and self._trace_sigma_or_zero() >= 0
 
     @property
     def b_simple(self) -> float:
-        return self.trace_sigma / self.grad_sq_norm if self.valid else float("nan")
+        return self._trace_sigma_or_zero() / self.grad_sq_norm if self.valid else float("nan")
 
     @property
     def n_eff(self) -> float:
-        return ema_n_eff(self.beta, self.t)
+        return float(self.t) if self.window else ema_n_eff(self.beta, self.t)
 
     @property
     def b_simple_rel_se(self) -> float:
         """Delta-method relative SE of B_simple from the per-step variances and covariance (GNS_ESS.md 1.4)."""
         if not self.valid or self.t < 2:
             return float("nan")
-        tr, g2 = self.trace_sigma, self.grad_sq_norm
+        tr, g2 = self._trace_sigma_or_zero(), self.grad_sq_norm
         v_tr = max(self._bc(self.m_tr2) - tr * tr, 0.0)
         v_g2 = max(self._bc(self.m_g22) - g2 * g2, 0.0)
         c = self._bc(self.m_trg2) - tr * g2
@@ -225,6 +247,11 @@ class GNSTracker:
     def state_dict(self) -> dict:
         return {"beta": self.beta, "levels": {k: vars(v).copy() for k, v in self.levels.items()}}
 
-    def load_state_dict(self, d: dict) -> None:
-        self.beta = d["beta"]
+    def load_state_dict(self, d: dict) -> bool:
+        """Restore the levels' EMAs; returns False (and restarts them, keeping only the skipped counts) when
+        they were saved with another beta: the configured beta is kept."""
+        if d["beta"] != self.beta:
+            self.levels = {k: GNSState(beta=self.beta, skipped=v["skipped"]) for k, v in d["levels"].items()}
+            return False
         self.levels = {k: GNSState(**v) for k, v in d["levels"].items()}
+        return True

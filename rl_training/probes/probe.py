@@ -1,14 +1,14 @@
 """The in-loop probes of one optimizer step: GNS small gradients at three levels, and the ESS family.
 
 The trainer calls, per RL step (every rank, same order; the collectives are marked):
-    probes.begin_step(group_size)
+    probes.begin_step(group_size, advantages, completion_lengths)   # this rank's groups, before any dropping
     for each micro-batch, epoch 0:  with probes.micro(mb): forward + backward     (hooks armed only here)
                                     probes.observe_rollout(mb, old_logp, tis_weights)
     probes.before_allreduce(params)     # rank level: this rank's accumulated gradient
     [gradient all-reduce]
     probes.after_allreduce(params)      # Q = |G_B|^2 before clipping; GNS update        (collective)
     last inner epoch > 0:           probes.observe_ppo(mb, logp, old_logp)
-    probes.metrics(...)                                                              (collective)
+    probes.metrics()                     # timed as the step's `probe` phase                 (collective)
 
 Unit accounting (GNS_ESS.md 1.5, 2): U = prompt groups in the step over all ranks, all counted (groups whose
 forward was skipped for a zero advantage are units with a zero gradient). With h the gradient a piece of work
@@ -72,6 +72,8 @@ class StepProbes:
         self.ess_history: deque[float] = deque(maxlen=50)  # recent mismatch ESS values for the drop alert
 
     def install_hooks(self) -> None:
+        """Attach the capture hooks; idempotent (an existing set is removed first, never doubled)."""
+        self.remove_hooks()
         self.micro_cap = MicroGradCapture(self.params) if "micro" in self.levels else None
         self.unit_cap = LoraUnitCapture(self.model) if "unit" in self.levels else None
 
@@ -83,9 +85,16 @@ class StepProbes:
         self.micro_cap = self.unit_cap = None
 
     # -------------------------------------------------------------------------------------- step
-    def begin_step(self, group_size: int, groups_this_rank: int) -> None:
+    def begin_step(self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int]) -> None:
+        """`advantages` [n_seq] and `completion_lengths` [n_seq]: all of this rank's sequences, group by group,
+        including the groups that zero-advantage dropping will skip."""
         self.G = group_size
-        self.n_local = groups_this_rank
+        self.n_local = len(completion_lengths) // group_size
+        self.lengths = completion_lengths
+        zero = (advantages.detach().cpu().view(-1, group_size) == 0).all(dim=1)
+        self.group_stats = {"groups.n": float(self.n_local), "groups.zero": float(zero.sum().item())}
+        self.group_stats["len.sum"] = float(sum(completion_lengths))
+        self.seen_groups: set[int] = set()
         self.small: dict[str, list[tuple[float, float, float]]] = {lv: [] for lv in self.levels}  # (|g|^2,b,c)
         self.kept_groups = self.block_groups = 0
         self.broken: set[str] = set()
@@ -100,6 +109,7 @@ class StepProbes:
     def micro(self, mb):
         n, n_block = len(mb.group_ids), mb.n_units  # kept groups; the block's groups incl. dropped ones
         self.kept_groups += n
+        self.seen_groups.update(mb.group_ids)
         self.block_groups += n_block
         with (
             self.micro_cap.capture() if self.micro_cap else nullcontext(),
@@ -126,10 +136,14 @@ class StepProbes:
     def before_allreduce(self) -> None:
         # Groups skipped for a zero advantage are units with a zero gradient: at the unit level one zero small
         # batch each; at the micro level a block left empty is one zero small batch of the block's size (blocks
-        # are fixed before dropping, see make_micro_batches). Their sequences count in the advantage ESS with
-        # weight 0.
+        # are fixed before dropping, see make_micro_batches). Their sequences and tokens count in the advantage
+        # ESS with weight 0 (E6), so dropping leaves ess/adv_seq and ess/adv_token unchanged.
         skipped = self.n_local - self.kept_groups
+        skipped_tokens = sum(
+            sum(self.lengths[g * self.G : (g + 1) * self.G]) for g in range(self.n_local) if g not in self.seen_groups
+        )
         self.adv_seq = self.adv_seq + E.KishSums(0.0, 0.0, float(skipped * self.G))
+        self.adv_tok = (self.adv_tok[0], self.adv_tok[1], self.adv_tok[2] + float(skipped_tokens))
         if "unit" in self.small:
             self.small["unit"] += [(0.0, 1.0, 1.0 / self.units)] * skipped
         if "micro" in self.small:
@@ -186,16 +200,48 @@ class StepProbes:
         self.ppo = self.ppo + E.kish_sums(torch.exp(logp.detach().double() - old_logp.double()), mb.mask)
 
     # -------------------------------------------------------------------------------------- output
-    def metrics(self, zero_adv_group_frac: float, mean_group_tokens: float) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         """Collective: reduce the ESS sums and format every probe value for logging."""
-        out = self._ess_metrics()
+        out, t = self._ess_metrics()
+        zero_adv_group_frac = t["groups.zero"] / max(t["groups.n"], 1.0)
+        mean_group_tokens = t["len.sum"] / max(t["groups.n"], 1.0)
         out.update(self._gns_metrics(zero_adv_group_frac, mean_group_tokens))
         self.invalid_streak = 0 if out.get("probe/gns/valid", 0.0) else self.invalid_streak + 1
         out.update(alerts(out, self.invalid_streak, list(self.ess_history)))
-        self.ess_history.append(mismatch_ess(out))
+        if out["probe/ess/defined"]:  # a step with every group dropped has no token ESS: not a zero in the history
+            self.ess_history.append(mismatch_ess(out))
         return out
 
-    def _ess_metrics(self) -> dict[str, float]:
+    # -------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict:
+        """Everything later steps' outputs depend on (JSON-safe): the GNS EMAs, the recommendations'
+        hysteresis, the ESS drop-rule history and the invalid-step streak."""
+        return {
+            "gns": self.tracker.state_dict(),
+            "rec_simple": {"value": self.rec_simple.value, "since": self.rec_simple.since},
+            "rec_star": {"value": self.rec_star.value, "since": self.rec_star.since},
+            "ess_history": list(self.ess_history),
+            "invalid_streak": self.invalid_streak,
+            "hook_errors": self.hook_errors,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        """Continue from `state_dict()`. A checkpoint saved with another gns_ema_beta: the configured beta wins
+        and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning."""
+        saved_beta = d["gns"]["beta"]
+        if not self.tracker.load_state_dict(d["gns"]):
+            dist.print0(
+                f"probe: checkpoint has probe.gns_ema_beta={saved_beta}, config has {self.tracker.beta}; "
+                "keeping the configured beta and restarting the GNS EMAs (B_simple warms up again)"
+            )
+        for name in ("rec_simple", "rec_star"):
+            h = getattr(self, name)
+            h.value, h.since = d[name]["value"], d[name]["since"]
+        self.ess_history.clear()
+        self.ess_history.extend(d["ess_history"])
+        self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
+
+    def _ess_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
         seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
         all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
         local_max = seq_lw.max().item() if seq_lw.numel() else -math.inf
@@ -220,6 +266,7 @@ class StepProbes:
                 "lr.sum": all_lr.sum().item(),
                 "lr.sq": (all_lr**2).sum().item(),
                 **self.mismatch,
+                **self.group_stats,
             }
         )
         t = dist.reduce_sums(sums, self.device)
@@ -256,7 +303,7 @@ class StepProbes:
             "is/chi2_token": t["rho2"] / n_tok - 1.0,
             "is/chi2_seq": (1.0 / sq.ness - 1.0) if sq.defined and sq.ness > 0 else float("nan"),
         }
-        return out
+        return out, t
 
     def _gns_metrics(self, p0: float, mean_group_tokens: float) -> dict[str, float]:
         out: dict[str, float] = {"probe/gns/degenerate_group_frac": p0, "probe/gns/hook_errors": self.hook_errors}

@@ -104,8 +104,11 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
     )
-    if resumed.get("gns"):
-        probes.tracker.load_state_dict(resumed["gns"])
+    if resumed.get("probes"):
+        probes.load_state_dict(resumed["probes"])
+    elif resumed.get("gns"):  # checkpoints before the probe state held more than the GNS EMAs
+        if not probes.tracker.load_state_dict(resumed["gns"]):
+            dist.print0("probe: checkpoint has another probe.gns_ema_beta; restarting the GNS EMAs")
     return probes
 
 
@@ -205,15 +208,16 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
         if run.probes is not None:
-            run.probes.begin_step(G, run.d.groups_per_rank)
+            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
     with timer("sync"):
         run.backend.sync_weights(run.model)
-    metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    probe_metrics = {}
     if run.probes is not None:
-        mean_group_tokens = metrics["rollout/response_len_mean"] * G
-        metrics.update(run.probes.metrics(metrics["rollout/zero_adv_group_frac"], mean_group_tokens))
-    return {**metrics, **run.backend.metrics()}
+        with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
+            probe_metrics = run.probes.metrics()
+    metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    return {**metrics, **probe_metrics, **run.backend.metrics()}
 
 
 def maybe_eval(run: Run, step: int) -> dict[str, float]:
@@ -240,7 +244,7 @@ def checkpoint(run: Run, step: int) -> None:
         {
             "data_epoch": epoch,
             "data_offset": offset,
-            "gns": run.probes.tracker.state_dict() if run.probes is not None else None,
+            "probes": run.probes.state_dict() if run.probes is not None else None,
         },
         run.cfg.ckpt.keep_last,
     )
