@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
 SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
 CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
-SLURM_LOCAL = REPO.parent / "shared" / "tools" / "slurm_local.sh"
+# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
+SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
 
 
 def read_steps(run_dir: Path) -> list[int]:
