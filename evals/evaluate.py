@@ -143,6 +143,14 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def load_eval_set(cfg, tokenizer) -> tuple[list[Example], list[list[int]]]:
+    """The held-out problems (the first eval.num_prompts of data.eval) and their prompt ids, encoded by the
+    training template (`encode_prompts`): what both evals.run and the in-loop eval score."""
+    d = cfg.data
+    examples = load_examples(d.eval, d.format, d.question_key, d.answer_key, limit=cfg.eval.num_prompts)
+    return examples, encode_prompts(examples, d, tokenizer)
+
+
 def write_step_result(out_dir: Path, step: int, result: dict, records: Sequence[dict]) -> Path:
     """step_NNNNNN.problems.jsonl, then step_NNNNNN.json (written last: its presence means 'done')."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,13 +176,11 @@ class InLoopEval:
     """
 
     def __init__(self, cfg, tokenizer, info: dist.DistInfo, run_dir: Path):
-        examples = load_examples(
-            cfg.data.eval, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=cfg.eval.num_prompts
-        )
+        examples, prompts = load_eval_set(cfg, tokenizer)
         per_rank = -(-len(examples) // info.world_size)
         self.first = min(info.rank * per_rank, len(examples))
         self.examples = examples[self.first : self.first + per_rank]
-        self.prompts = encode_prompts(self.examples, cfg.data, tokenizer)
+        self.prompts = prompts[self.first : self.first + per_rank]
         self.settings = EvalSettings.from_config(cfg)
         self.task = TASKS[cfg.data.format]
         self.every, self.total = cfg.eval.every, cfg.train.total_steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -118,18 +119,31 @@ def write_plots(results: Sequence[dict], ks: Sequence[int], plot_dir: Path, titl
 
 
 def write_tensorboard(results: Sequence[dict], tb_dir: Path, name: str) -> None:
-    """eval/<name>/<metric> scalars at each checkpoint's step, in tb_dir alone (RUN/tb/eval_<name>/).
+    """eval/<name>/<metric> scalars at each checkpoint's step, in the training log's directory RUN/tb itself,
+    so training and eval curves sit together in one TensorBoard run.
 
-    The directory's event files are deleted and written again from `results`, in step order, on every
-    call: a --redo or a run that adds checkpoints leaves exactly one point per step. It sits under the
-    training log's directory, so `tensorboard --logdir RUN/tb` shows it as a run beside training.
+    They go to an event file of their own (suffix `.eval_<name>`), which is deleted and written again from
+    `results`, in step order, on every call: a --redo or a run that adds checkpoints leaves exactly one point
+    per step, and training's event files (no suffix) and other eval names' files are left alone. The tags
+    cannot collide with the in-loop eval's `eval/<metric>` (metric names hold no '/').
     """
     from torch.utils.tensorboard import SummaryWriter
 
     tb_dir.mkdir(parents=True, exist_ok=True)
-    for old in tb_dir.glob("events.out.tfevents.*"):
-        old.unlink()
-    writer = SummaryWriter(str(tb_dir))
+    suffix = f".eval_{name}"
+    # torch names the file events.out.tfevents.<time>.<host>.<pid>.<uid><suffix>: matched whole, so that
+    # NAME 'a' does not take the file of NAME 'b.eval_a'.
+    own = re.compile(r"events\.out\.tfevents\.\d+\..+\.\d+\.\d+" + re.escape(suffix))
+    for old in tb_dir.iterdir():
+        if own.fullmatch(old.name):
+            old.unlink()
+    legacy = tb_dir / f"eval_{name}"  # where earlier versions wrote a separate run: it would show twice
+    if legacy.is_dir():
+        for old in legacy.glob("events.out.tfevents.*"):
+            old.unlink()
+        if not any(legacy.iterdir()):
+            legacy.rmdir()
+    writer = SummaryWriter(str(tb_dir), filename_suffix=suffix)
     try:
         for r in sorted(results, key=lambda r: r["step"]):
             for k, v in r["metrics"].items():

@@ -17,11 +17,14 @@ same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.
 
 Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
-summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard
-scalars eval/NAME/<metric> in RUN/tb/eval_NAME/ (a run beside training's under `tensorboard --logdir
-RUN/tb`). All of these are rebuilt from the step JSON files on every call, so each step has exactly one
-point. A step whose JSON exists with the same settings is not evaluated again unless --redo. A missing or
-corrupt checkpoint is reported in one line and skipped, the others are evaluated, and the exit status is 3.
+summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard scalars
+eval/NAME/<metric> in the run's own log RUN/tb (an event file ending in .eval_NAME), next to the training
+curves and the in-loop eval's eval/<metric>. All of these are rebuilt from the step JSON files on every call,
+so each step has exactly one point. A step whose JSON exists with the same settings and the same weights is
+not evaluated again unless --redo; the weights are named by a fingerprint (sha256 of the adapter file; for
+step 0 the base model's path), so a checkpoint rewritten since (a resume from an earlier step retrains step N)
+is evaluated again. A missing or corrupt checkpoint is reported in one line and skipped, the others are
+evaluated, and the exit status is 3.
 Bad input: one-line error, exit status 2.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import re
 import sys
 import time
@@ -38,14 +42,12 @@ from pathlib import Path
 
 import torch
 
-from evals.evaluate import EvalSettings, evaluate_policy, step_name, write_step_result
+from evals.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
 from evals.metrics import metric_names, summarize
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
 from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
-from rl_training.data.prompts import encode_prompts
-from rl_training.data.sources import load_examples
 from rl_training.errors import USER_ERRORS
 from rl_training.models import load_tokenizer
 from rl_training.rewards import TASKS
@@ -77,6 +79,7 @@ class Target:
     step: int
     path: Path | None  # None: the step-0 base model
     cfg: Config | None = None
+    fingerprint: str = ""  # of the weights (weights_fingerprint), saved with the result
 
 
 def cli_overrides(a: argparse.Namespace) -> list[str]:
@@ -174,6 +177,17 @@ def policy_mismatch(cfg: Config, chosen: Config) -> str | None:
     return None
 
 
+def weights_fingerprint(t: Target, cfg: Config) -> str:
+    """What names the weights a result was made with: the adapter file's sha256, or the step-0 base model."""
+    if t.path is None:
+        return f"base:{cfg.model.name_or_path}"
+    h = hashlib.sha256()
+    with (t.path / ADAPTER_FILE).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
 def load_adapter(model, path: Path) -> None:
     """Load a checkpoint's adapter into the peft model in place; every LoRA tensor must be present and fit."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
@@ -246,12 +260,10 @@ def evaluate_run(a: argparse.Namespace) -> int:
     load_config(None, overrides)  # bad flags or overrides fail here, once, not as N skipped checkpoints
     usable, skipped, cfg = usable_targets(run_dir, a.steps, not a.no_base, overrides)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    d = cfg.data
-    examples = load_examples(d.eval, d.format, d.question_key, d.answer_key, limit=cfg.eval.num_prompts)
-    prompts = encode_prompts(examples, d, tokenizer)
+    examples, prompts = load_eval_set(cfg, tokenizer)
     es = EvalSettings.from_config(cfg)
     settings = eval_settings(cfg, es, len(examples))
-    name = a.name or dataset_tag(d.eval)
+    name = a.name or dataset_tag(cfg.data.eval)
     out_dir = run_dir / "eval" / name
     done, other = load_results(out_dir, settings)
     if other and not a.redo:
@@ -259,11 +271,18 @@ def evaluate_run(a: argparse.Namespace) -> int:
             f"{out_dir} has results made with other settings (steps {other[:5]}); pass --redo to re-evaluate "
             "the selected steps with these settings, or --name to write elsewhere"
         )
-    done_steps = {r["step"] for r in done}
-    todo = [t for t in usable if a.redo or t.step not in done_steps]
+    done_weights = {r["step"]: r.get("weights_fingerprint") for r in done}
+    todo = []
     for t in usable:
-        if t not in todo:
-            print(f"{step_name(t.step)}: already evaluated ({out_dir / step_name(t.step)}.json); --redo to redo")
+        t.fingerprint = weights_fingerprint(t, cfg)
+        saved = out_dir / f"{step_name(t.step)}.json"
+        if a.redo or t.step not in done_weights:
+            todo.append(t)
+        elif done_weights[t.step] != t.fingerprint:
+            print(f"{step_name(t.step)}: the weights differ from those of {saved} (rewritten since?); evaluating again")
+            todo.append(t)
+        else:
+            print(f"{step_name(t.step)}: already evaluated ({saved}); --redo to redo")
     n_skipped = len(skipped)
     if todo:
         n_skipped += run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, name, info, a.chunk)
@@ -273,7 +292,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
     if results:
         report(results, es, settings, out_dir, f"{run_dir.name}: {name}")
         if cfg.run.tensorboard:
-            write_tensorboard(results, run_dir / "tb" / f"eval_{name}", name)
+            write_tensorboard(results, run_dir / "tb", name)
     return EXIT_SKIPPED if n_skipped else 0
 
 
@@ -373,6 +392,7 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
             result = {
                 "step": t.step,
                 "checkpoint": None if t.path is None else str(t.path),
+                "weights_fingerprint": t.fingerprint,
                 "num_problems": len(records),
                 "metrics": metrics,
                 "timing": timing,

@@ -5,8 +5,11 @@
     #   RCLONE_CONFIG_S3_TYPE=s3 RCLONE_CONFIG_S3_PROVIDER=AWS RCLONE_CONFIG_S3_ENV_AUTH=true AWS_ACCESS_KEY_ID=...
 
 After every checkpoint, rank 0 queues `rclone copy <run_dir>/checkpoints/step_N
-<remote>:<bucket>/<path>/<run.name>/checkpoints/step_N`; at the end of the run it waits (at most
-sync.final_timeout_s) for what is pending and uploads the run's logs (config.yaml, metrics.jsonl, tb/).
+<remote>:<bucket>/<path>/<run.name>/checkpoints/step_N`. At the end of the run it copies the kept
+checkpoints once more (one `rclone copy`, which skips files already there, then each marker), so that one
+whose upload had given up lands once the remote works again, waits for it and what is pending (at most
+sync.final_timeout_s; after a stop signal at most sync.stop_timeout_s), and uploads the run's logs
+(config.yaml, metrics.jsonl, tb/).
 A checkpoint goes up in two rclone commands: everything but its `COMPLETE` marker, then, only if that
 succeeded, the marker alone. One `rclone copy` transfers files in parallel, so the marker could land
 before a file that then fails, and a bucket restored for `ckpt.resume=latest` would offer an incomplete
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +46,8 @@ ENV_FALLBACK = {"remote": "RL_SYNC_REMOTE", "bucket": "RL_SYNC_BUCKET", "path": 
 RCLONE_ARGS = ["--retries 1"]
 COMPLETE = "COMPLETE"  # rl_training.checkpoint.COMPLETE (not imported: that module imports torch)
 LOGS_FILTER = ["--exclude '/checkpoints/**'"]  # single-quoted: rclone-python hands the line to /bin/sh
+FINAL = "final_checkpoints"  # the end-of-run pass over the kept checkpoints
+STEP = re.compile(r"step_\d{6,}")  # rl_training.checkpoint.STEP_RE
 
 
 def resolve_target(cfg: SyncCfg, run_dir: Path, env=os.environ) -> None:
@@ -73,7 +79,7 @@ class NullSyncer:
     def metrics(self) -> dict[str, float]:
         return {}
 
-    def drain(self) -> dict[str, float]:
+    def drain(self, run_dir: Path, stopped: bool = False) -> dict[str, float]:
         return {}
 
     def finish(self, run_dir: Path) -> None:
@@ -85,7 +91,8 @@ class CheckpointSyncer:
 
     def __init__(self, cfg: SyncCfg, run_name: str):
         self.dest = destination(cfg, run_name)
-        self.final_timeout_s = cfg.final_timeout_s
+        self.wait_s, self.wait_key = cfg.final_timeout_s, "sync.final_timeout_s"
+        self.stop_timeout_s = cfg.stop_timeout_s
         self._deadline: float | None = None
         self._cv = threading.Condition()
         self._pending: set[str] = set()  # job names queued or in flight
@@ -93,6 +100,8 @@ class CheckpointSyncer:
         self._last_seconds = 0.0
         self._last_step = 0
         self._logs_ok: bool | None = None  # the end-of-run upload of config.yaml, metrics.jsonl, tb/
+        self._final: list[str] = []  # the checkpoints of the end-of-run pass
+        self._final_ok: bool | None = None
         cmd = [
             sys.executable,
             "-m",
@@ -151,6 +160,10 @@ class CheckpointSyncer:
                     self._last_step = max(self._last_step, int(r["name"].split("_")[1]))
                 else:
                     self._failed += 1
+            elif r["name"] == FINAL:
+                self._final_ok = r["ok"]
+                if r["ok"]:
+                    self._last_step = max(self._last_step, *(int(n.split("_")[1]) for n in self._final))
             else:
                 self._logs_ok = r["ok"]
             self._cv.notify_all()
@@ -159,7 +172,9 @@ class CheckpointSyncer:
     def metrics(self) -> dict[str, float]:
         """Counters since this process started (a resumed job starts from 0)."""
         with self._cv:
+            final = {} if self._final_ok is None else {"sync/final_ckpts_ok": len(self._final) * self._final_ok}
             return {
+                **final,  # after the end-of-run pass: how many kept checkpoints it put on the remote (0: failed)
                 "sync/ckpt_uploads_ok": self._ok,
                 "sync/ckpt_upload_failures": self._failed,
                 "sync/ckpt_upload_retries": self._retries,
@@ -172,11 +187,19 @@ class CheckpointSyncer:
     # ------------------------------------------------------------------------------------ end of run
     def _remaining(self) -> float:
         if self._deadline is None:
-            self._deadline = time.monotonic() + self.final_timeout_s
+            self._deadline = time.monotonic() + self.wait_s
         return max(self._deadline - time.monotonic(), 0.0)
 
-    def drain(self) -> dict[str, float]:
-        """Wait (within sync.final_timeout_s, shared with finish) for the queued checkpoints; their metrics."""
+    def drain(self, run_dir: Path, stopped: bool = False) -> dict[str, float]:
+        """Queue the end-of-run pass over the kept checkpoints and wait (within sync.final_timeout_s, or
+        sync.stop_timeout_s after a stop signal; shared with finish) for it and the queued ones; the metrics."""
+        if stopped and self.stop_timeout_s < self.wait_s:
+            self.wait_s, self.wait_key = self.stop_timeout_s, "sync.stop_timeout_s"
+        root = Path(run_dir).resolve() / "checkpoints"
+        kept = sorted(p.name for p in root.glob("step_*") if STEP.fullmatch(p.name) and (p / COMPLETE).is_file())
+        if kept:
+            self._final = kept
+            self._send({"name": FINAL, "src": str(root), "dst": f"{self.dest}/checkpoints", "final": kept})
         with self._cv:
             self._cv.wait_for(lambda: not self._pending, timeout=self._remaining())
         return self.metrics()
@@ -196,7 +219,7 @@ class CheckpointSyncer:
             with self._cv:
                 left = len(self._pending)
             print(
-                f"sync: {left} upload(s) still running after sync.final_timeout_s={self.final_timeout_s:g}; "
+                f"sync: {left} upload(s) still running after {self.wait_key}={self.wait_s:g}; "
                 "abandoned (the files are still local)",
                 file=sys.stderr,
                 flush=True,
@@ -207,10 +230,13 @@ class CheckpointSyncer:
             raise
         self._reader.join(timeout=5)
         m = self.metrics()
+        final = {None: "no final pass", True: f"final pass: all {len(self._final)} kept on the remote"}.get(
+            self._final_ok, "final pass failed"
+        )
         print(
             f"sync: {m['sync/ckpt_uploads_ok']:.0f} checkpoint(s) uploaded to {self.dest}, "
             f"{m['sync/ckpt_upload_failures']:.0f} failed, {m['sync/ckpt_uploads_skipped']:.0f} skipped; "
-            f"run logs {'uploaded' if self._logs_ok else 'not uploaded'}",
+            f"{final}; run logs {'uploaded' if self._logs_ok else 'not uploaded'}",
             flush=True,
         )
 
@@ -240,6 +266,10 @@ def upload(job: dict, retries: int, backoff_s: float) -> dict:
     name, src, dst = job["name"], job["src"], job["dst"]
     if job.get("logs"):
         commands = [(f'copy "{src}" "{dst}"', RCLONE_ARGS + LOGS_FILTER)]
+    elif job.get("final"):  # src: the checkpoints directory; the kept ones, each marker after all files
+        keep = [f"--filter '- /*/{COMPLETE}'", *(f"--filter '+ /{n}/**'" for n in job["final"]), "--filter '- **'"]
+        commands = [(f'copy "{src}" "{dst}"', RCLONE_ARGS + keep)]
+        commands += [(f'copyto "{src}/{n}/{COMPLETE}" "{dst}/{n}/{COMPLETE}"', RCLONE_ARGS) for n in job["final"]]
     else:  # the marker last, in a command of its own (see the module docstring)
         commands = [
             (f'copy "{src}" "{dst}"', [*RCLONE_ARGS, f"--exclude /{COMPLETE}"]),

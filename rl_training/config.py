@@ -222,6 +222,12 @@ class SyncCfg:
         "At the end of a run, wait at most this long for pending uploads; then they are abandoned (logged).",
         gt=0,
     )
+    stop_timeout_s: float = _f(
+        120.0,
+        "After a stop signal, wait at most this long instead (if shorter): SLURM's --signal margin must also "
+        "hold a step and a checkpoint.",
+        gt=0,
+    )
 
 
 @dataclass

@@ -10,9 +10,10 @@ What it does on each node, in this order:
 2. Builds the workers' environment from an allow-list (ALLOW_EXACT, ALLOW_PREFIXES, plus RL_WORKER_ENV) instead
    of passing on the whole SLURM environment; only the names are printed, never the values. The runner's
    arguments are printed with credential-like values redacted (see `redact`): the log is slurm-%j.out.
-3. Points TMPDIR and the compiler/model caches at a node-local directory (RL_NODE_LOCAL_ROOT, default /tmp),
-   never NFS, and removes it at exit (RL_KEEP_NODE_LOCAL=1 keeps it). Sets HF offline mode (RL_HF_OFFLINE=0
-   turns that off): compute nodes load models from local paths.
+3. Points TMPDIR and the compiler caches at a node-local directory (RL_NODE_LOCAL_ROOT, default /tmp), never
+   NFS, and removes it at exit (RL_KEEP_NODE_LOCAL=1 keeps it); see `node_local_env`. The Hugging Face caches
+   stay where the user has them (HF_HOME, HF_HUB_CACHE, HF_DATASETS_CACHE): offline, a hub id loads only from
+   a cache populated beforehand. Sets HF offline mode (RL_HF_OFFLINE=0 turns that off).
 4. Runs torchrun with --nnodes=$SLURM_NNODES, one worker per GPU (RL_NPROC_PER_NODE overrides), c10d
    rendezvous at RL_RDZV_ENDPOINT (host:port, resolved by the batch script on the head node), with node 0
    hosting the store (is_host: no guessing from hostnames on multi-NIC hosts).
@@ -40,18 +41,17 @@ ALLOW_EXACT = {
     "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
     "SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURMD_NODENAME",  # provenance only; nothing else of SLURM's
+    "XDG_CACHE_HOME",
 }  # fmt: skip
 ALLOW_PREFIXES = (
     "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_",
     "TORCHINDUCTOR_", "TRITON_", "VLLM_", "GLOO_", "TP_", "FI_", "UCX_", "RCLONE_", "AWS_", "RL_",
 )  # fmt: skip
-NODE_LOCAL = {  # variable -> subdirectory of the node-local directory
+NODE_LOCAL = {  # variable -> subdirectory of the node-local directory: scratch and compiler caches
     "TMPDIR": "tmp",
-    "XDG_CACHE_HOME": "cache",
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "VLLM_CACHE_ROOT": "vllm",
-    "HF_DATASETS_CACHE": "hf_datasets",
     "CUDA_CACHE_PATH": "nv_compute_cache",
     "TORCH_EXTENSIONS_DIR": "torch_extensions",
 }
@@ -70,6 +70,24 @@ def worker_env(env: dict[str, str], extra: str = "") -> dict[str, str]:
     exact = ALLOW_EXACT | {n for n in names if not n.endswith("*")}
     prefixes = ALLOW_PREFIXES + tuple(n[:-1] for n in names if n.endswith("*"))
     return {k: v for k, v in env.items() if k in exact or k.startswith(prefixes)}
+
+
+def node_local_env(env: dict[str, str], local: Path) -> dict[str, str]:
+    """The variables that point into the node-local directory `local` (created here).
+
+    XDG_CACHE_HOME (other libraries' JIT caches) goes there too unless the user set it; the Hugging Face
+    home, which defaults to $XDG_CACHE_HOME/huggingface, is then pinned to where it was
+    ($HOME/.cache/huggingface) unless HF_HOME is set: offline, an empty per-node cache could not load a
+    hub id, and HF_DATASETS_CACHE / HF_HUB_CACHE default to it."""
+    dirs = {var: local / sub for var, sub in NODE_LOCAL.items()}
+    if not env.get("XDG_CACHE_HOME"):
+        dirs["XDG_CACHE_HOME"] = local / "cache"
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    out = {var: str(d) for var, d in dirs.items()}
+    if "XDG_CACHE_HOME" in out and not env.get("HF_HOME"):
+        out["HF_HOME"] = str(Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface")
+    return out
 
 
 def add_no_proxy(env: dict[str, str], hosts: list[str]) -> None:
@@ -146,9 +164,7 @@ def main(argv=None) -> int:
     if "OMP_NUM_THREADS" not in wenv:
         wenv["OMP_NUM_THREADS"] = str(max(1, int(env.get("SLURM_CPUS_PER_TASK", "1") or 1) // nproc))
     local = Path(env.get("RL_NODE_LOCAL_ROOT", "/tmp")) / f"rl-{job}-{node}"  # per node: fake nodes share /tmp
-    for var, sub in NODE_LOCAL.items():
-        (local / sub).mkdir(parents=True, exist_ok=True)
-        wenv[var] = str(local / sub)
+    wenv.update(node_local_env(env, local))
 
     targs = torchrun_args(nnodes, nproc, env["RL_RDZV_ENDPOINT"], job, node_id == 0, entry)
     print(

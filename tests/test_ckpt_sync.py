@@ -138,13 +138,18 @@ def test_run_uploads_every_checkpoint_and_its_logs(run_overrides, rclone_remote,
     for name in ("config.yaml", "metrics.jsonl"):
         assert (remote / name).read_bytes() == (run_dir / name).read_bytes()
     assert files(remote / "tb") == files(run_dir / "tb")
-    assert "sync: 4 checkpoint(s) uploaded to testremote:" in out and "0 failed, 0 skipped; run logs uploaded" in out
+    assert (
+        "sync: 4 checkpoint(s) uploaded to testremote:" in out
+        and "0 failed, 0 skipped; final pass: all 4 kept on the remote; run logs uploaded" in out
+    )
     # Counters in every step's metrics (asynchronous: non-decreasing), and the drained final value in TB.
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3, 4]  # still one line per step
     ok = [m["sync/ckpt_uploads_ok"] for m in lines]
     assert ok == sorted(ok) and all(m["sync/ckpt_upload_failures"] == 0 for m in lines)
     assert tb_scalars(run_dir, "sync/ckpt_uploads_ok")[-1] == (4, 4.0)
+    assert tb_scalars(run_dir, "sync/final_ckpts_ok") == [(4, 4.0)]  # the end-of-run pass, in TensorBoard only
+    assert "final_ckpts_ok" not in (run_dir / "metrics.jsonl").read_text()
     assert tb_scalars(run_dir, "sync/last_uploaded_step")[-1] == (4, 4.0)
     assert tb_scalars(run_dir, "sync/ckpt_pending")[-1] == (4, 0.0)
     assert tb_scalars(run_dir, "sync/ckpt_upload_seconds")[-1][1] > 0
@@ -180,9 +185,11 @@ def test_failing_remote_retries_counts_and_training_still_finishes(run_overrides
     assert "not a directory" in err  # rclone's own reason is in the log
     assert "retrying in 0.05 s" in err and "retrying in 0.1 s" in err  # exponential backoff
     assert tb_scalars(run_dir, "sync/ckpt_upload_failures")[-1] == (3, 3.0)
-    assert tb_scalars(run_dir, "sync/ckpt_upload_retries")[-1] == (3, 6.0)
+    assert tb_scalars(run_dir, "sync/ckpt_upload_retries")[-1] == (3, 8.0)  # 3 x 2, and the final pass's 2
     assert tb_scalars(run_dir, "sync/ckpt_uploads_ok")[-1] == (3, 0.0)
-    assert "sync: 0 checkpoint(s) uploaded" in out and "3 failed, 0 skipped; run logs not uploaded" in out
+    assert tb_scalars(run_dir, "sync/final_ckpts_ok") == [(3, 0.0)]
+    assert f"sync: giving up on {ckpt_sync.FINAL} after 3 attempts" in err
+    assert "sync: 0 checkpoint(s) uploaded" in out and "3 failed, 0 skipped; final pass failed; run logs not" in out
 
 
 def test_unknown_remote_fails_with_rclones_reason(rclone_remote, tmp_path, capfd):
@@ -257,23 +264,80 @@ def test_upload_survives_the_slurm_stop_signal(rclone_remote, tmp_path, monkeypa
     time.sleep(0.7)  # the upload is under way (sh + rclone started by rclone-python)
     assert syncer.metrics()["sync/ckpt_pending"] == 1
     os.killpg(syncer._proc.pid, signal.SIGUSR1)  # what `scancel --signal=USR1` does to the helper's processes
-    m = syncer.drain()
+    m = syncer.drain(run_dir)
     syncer.finish(run_dir)
     assert m["sync/ckpt_uploads_ok"] == 1 and m["sync/ckpt_upload_failures"] == 0 and m["sync/ckpt_upload_retries"] == 0
     assert files(rclone_remote / "run" / "checkpoints" / ck.name) == files(ck)
 
 
-def test_final_timeout_abandons_a_stuck_upload(rclone_remote, tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize(
+    "timeouts, stopped, says",
+    [
+        ({"final_timeout_s": 1.5}, False, "sync.final_timeout_s=1.5"),
+        ({"final_timeout_s": 1.5}, True, "sync.final_timeout_s=1.5"),  # stop_timeout_s (120) is longer
+        ({"stop_timeout_s": 1.5}, True, "sync.stop_timeout_s=1.5"),  # final_timeout_s stays at 300
+    ],
+)
+def test_final_timeout_abandons_a_stuck_upload(rclone_remote, tmp_path, monkeypatch, capfd, timeouts, stopped, says):
     monkeypatch.setenv("RCLONE_BWLIMIT", "20k")  # 2 MB at 20 kB/s: 100 s
     run_dir = tmp_path / "run"
     ck = fake_checkpoint(run_dir, 7, size=2_000_000)
-    cfg = SyncCfg(remote="testremote", bucket=str(rclone_remote), retries=0, final_timeout_s=1.5)
+    cfg = SyncCfg(remote="testremote", bucket=str(rclone_remote), retries=0, **timeouts)
     syncer = CheckpointSyncer(cfg, "run")
     syncer.submit(ck)
     t0 = time.monotonic()
-    syncer.drain()
+    syncer.drain(run_dir, stopped=stopped)
     syncer.finish(run_dir)
     assert time.monotonic() - t0 < 15  # the deadline plus the TERM grace, not 100 s
     assert live_group_members(syncer._proc.pid) == []  # helper, sh and rclone are all gone
-    assert "upload(s) still running after sync.final_timeout_s=1.5; abandoned" in capfd.readouterr().err
+    assert f"upload(s) still running after {says}; abandoned" in capfd.readouterr().err
     assert syncer.metrics()["sync/ckpt_upload_failures"] == 1
+
+
+def test_final_pass_uploads_checkpoints_whose_upload_gave_up(rclone_remote, tmp_path, capfd):
+    """The remote is broken while the checkpoints are saved (each upload gives up) and works again at the end:
+    the end-of-run pass puts every kept checkpoint there, and only those."""
+    run_dir = tmp_path / "run"
+    blocker = rclone_remote / "down"
+    blocker.write_text("the remote is 'down' while this file blocks the path\n")
+    syncer = CheckpointSyncer(SyncCfg(remote="testremote", bucket=str(blocker), retries=0), "run")
+    cks = [fake_checkpoint(run_dir, step) for step in (1, 2)]
+    for ck in cks:
+        syncer.submit(ck)
+    deadline = time.monotonic() + 30
+    while syncer.metrics()["sync/ckpt_upload_failures"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert syncer.metrics()["sync/ckpt_upload_failures"] == 2 and "sync/final_ckpts_ok" not in syncer.metrics()
+    (fake_checkpoint(run_dir, 3) / COMPLETE).unlink()  # incomplete: not kept, not uploaded
+    (run_dir / "checkpoints" / "abandoned_x" / "step_000009").mkdir(parents=True)  # set aside on a resume
+    blocker.unlink()
+    m = syncer.drain(run_dir)
+    syncer.finish(run_dir)
+    remote = blocker / "run" / "checkpoints"
+    assert sorted(p.name for p in remote.iterdir()) == ["step_000001", "step_000002"]
+    for ck in cks:
+        assert files(remote / ck.name) == files(ck) and (remote / ck.name / COMPLETE).read_text() == "ok\n"
+    assert m["sync/final_ckpts_ok"] == 2 and m["sync/last_uploaded_step"] == 2
+    assert m["sync/ckpt_upload_failures"] == 2 and m["sync/ckpt_uploads_ok"] == 0  # the per-checkpoint history
+    assert "2 failed, 0 skipped; final pass: all 2 kept on the remote; run logs uploaded" in capfd.readouterr().out
+
+
+def test_final_pass_sends_each_marker_after_all_files(rclone_remote, tmp_path, monkeypatch, capfd):
+    """The end-of-run pass is one `rclone copy` of the kept checkpoints: while any file fails, no checkpoint
+    gets its marker on the remote; the retry sends them all, markers last."""
+    cks = [fake_checkpoint(tmp_path / "run", step) for step in (1, 2)]
+    remote = rclone_remote / "run" / "checkpoints"
+    (remote / "step_000002" / "optimizer.pt" / "in-the-way").mkdir(parents=True)  # rclone cannot replace it
+    seen_during_backoff = []
+
+    def backoff(seconds):  # the state of the remote after the failed attempt; then it recovers
+        seen_during_backoff.append(sorted(str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()))
+        shutil.rmtree(remote / "step_000002" / "optimizer.pt")
+
+    monkeypatch.setattr(ckpt_sync.time, "sleep", backoff)
+    job = {"name": ckpt_sync.FINAL, "src": str(cks[0].parent), "dst": f"testremote:{remote}"}
+    r = upload({**job, "final": ["step_000001", "step_000002"]}, retries=1, backoff_s=0.0)
+    assert seen_during_backoff == [["step_000001/optimizer.pt"]]  # step 1's file landed, no marker anywhere
+    assert "is a directory" in capfd.readouterr().err
+    assert r["ok"] and r["attempts"] == 2
+    assert files(remote) == files(cks[0].parent)

@@ -4,6 +4,7 @@ shared with training, step 0 = the base model exactly, in-loop eval, and `python
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.evaluate import EvalSettings, evaluate_policy, read_problems
+from evals.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set, read_problems
 from evals.metrics import maj_at_k, pass_at_k, summarize
 from rl_training import dist
 from rl_training.config import ConfigError, load_config
@@ -347,12 +348,13 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
         assert len(graded) > 4 and any(v[1] for v in graded.values()) and not all(v[1] for v in graded.values())
 
         canned.seen = []
-        examples = load_examples(str(GSM8K), "gsm8k")
-        eval_prompts = rl_runner.encode_prompts(examples, cfg.data, run.tokenizer)
+        # The prompts as evals.run and the in-loop eval build them, not re-encoded here.
+        examples, eval_prompts = load_eval_set(cfg, run.tokenizer)
+        assert InLoopEval(cfg, run.tokenizer, run.info, run.d.run_dir).prompts == eval_prompts
         es = EvalSettings.from_config(load_config(None, ["eval.num_samples=6", "eval.ks=[1]"]))
         records, _ = evaluate_policy(canned, eval_prompts, examples, TASKS["gsm8k"], es)
-        assert all(tuple(p) in {tuple(q) for q in run.prompts} for p in canned.seen)  # one template
-        assert {tuple(p) for p in train_prompts} <= {tuple(p) for p in canned.seen}
+        assert len(examples) == 4 and all(tuple(p) in {tuple(q) for q in run.prompts} for p in canned.seen)
+        assert {tuple(p) for p in train_prompts} <= {tuple(p) for p in canned.seen}  # one template
         in_eval = {
             (s["text"], r["reference"]): (s["reward"], s["correct"], s["formatted"])
             for r in records
@@ -484,18 +486,29 @@ def tb_scalars(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def test_eval_tensorboard_is_rebuilt_not_appended(tmp_path):
+def test_eval_tensorboard_is_rebuilt_in_the_training_log_not_appended(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
     from evals.report import write_tensorboard
 
     def results(acc):  # steps given out of order: the log is written in step order
         return [{"step": s, "metrics": {"accuracy": a}, "timing": {"problems_per_s": 10.0}} for s, a in acc]
 
-    tb = tmp_path / "tb" / "eval_x"
+    tb = tmp_path / "tb"
+    with SummaryWriter(str(tb)) as training:  # the run's own log, with the in-loop eval's eval/accuracy
+        training.add_scalar("eval/accuracy", 0.125, 5)
+        training.add_scalar("rollout/reward_mean", 0.5, 5)
+    (tb / "eval_x").mkdir()  # where an earlier version put them: a second run showing the same curves
+    (tb / "eval_x" / "events.out.tfevents.1.host.1.0").write_bytes(b"")
+    write_tensorboard(results([(0, 0.375)]), tb, "x.eval_y")  # another name whose suffix ends like x's
     write_tensorboard(results([(5, 0.5), (0, 0.25)]), tb, "x")
     write_tensorboard(results([(10, 0.75), (0, 0.25), (5, 0.625)]), tb, "x")  # a --redo of 5, a new step 10
     assert tb_scalars(tb, "eval/x/accuracy") == [(0, 0.25), (5, 0.625), (10, 0.75)]  # once each, newest values
     assert tb_scalars(tb, "eval/x/problems_per_s") == [(0, 10.0), (5, 10.0), (10, 10.0)]
-    assert len(list(tb.glob("events.out.tfevents.*"))) == 1
+    assert tb_scalars(tb, "eval/x.eval_y/accuracy") == [(0, 0.375)]
+    assert tb_scalars(tb, "eval/accuracy") == [(5, 0.125)] and tb_scalars(tb, "rollout/reward_mean") == [(5, 0.5)]
+    names = sorted(p.name.rsplit(".", 1)[-1] for p in tb.iterdir())  # training's file ends in its uid
+    assert len(names) == 3 and names[1:] == ["eval_x", "eval_y"] and names[0].isdigit()
 
 
 def test_results_with_relative_paths_match_absolute_settings(tmp_path, monkeypatch):
@@ -558,7 +571,7 @@ def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
 def test_eval_name_cannot_be_a_path(tmp_path, capsys):
     from evals import run as evals_run
 
-    # RUN/tb/eval_NAME is emptied on every call: '../..' would reach outside it.
+    # NAME names RUN/eval/NAME and the TensorBoard file RUN/tb/*.eval_NAME: '../..' would reach outside them.
     assert evals_run.main(["--run-dir", str(tmp_path), "--name", "../.."]) == 2
     assert (
         capsys.readouterr().err
@@ -594,12 +607,14 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
         assert (result["checkpoint"] is None) == (step == 0)
     assert any(p["num_correct"] for p in problems) and expected["pass@4"] > expected["pass@1"]  # not all-zero
     # The in-loop eval of step 2 (live policy) and evals.run on checkpoint 2 are the same code and numbers.
-    inloop = json.loads((trained_run / "eval" / "inloop" / "step_000002.json").read_text())
-    assert inloop["metrics"] == json.loads((out / "step_000002.json").read_text())["metrics"]
-    # TensorBoard: eval curves in RUN/tb/eval_NAME, a run beside training's (RUN/tb) under --logdir RUN/tb.
-    tb_eval = trained_run / "tb" / "eval_reverse_heldout"
-    assert [s for s, _ in tb_scalars(tb_eval, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
-    assert [s for s, _ in tb_scalars(trained_run / "tb", "rollout/reward_mean")] == [1, 2]
+    inloop = {s: json.loads((trained_run / "eval" / "inloop" / f"step_{s:06d}.json").read_text()) for s in (1, 2)}
+    assert inloop[2]["metrics"] == json.loads((out / "step_000002.json").read_text())["metrics"]
+    inloop_pass4 = {s: r["metrics"]["pass@4"] for s, r in inloop.items()}
+    # TensorBoard: the eval curves in the run's own log RUN/tb, beside training's and the in-loop eval's.
+    tb = trained_run / "tb"
+    assert [s for s, _ in tb_scalars(tb, "eval/reverse_heldout/pass@4")] == [0, 1, 2]
+    assert [s for s, _ in tb_scalars(tb, "rollout/reward_mean")] == [1, 2]
+    assert tb_scalars(tb, "eval/pass@4") == [(1, pytest.approx(inloop_pass4[1])), (2, pytest.approx(inloop_pass4[2]))]
     for png in ["overview.png", "pass_at_k.png", "maj_at_k.png", "accuracy.png", "truncation_rate.png"]:
         data = (out / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 200_000
@@ -613,15 +628,37 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
     redo = ["--run-dir", str(trained_run), "--backend", "hf", "--redo", "--steps", "2", "--no-base"]
     assert evals_run.main(redo) == 0
     assert capsys.readouterr().out.count("already evaluated") == 0
-    assert len(list(tb_eval.glob("events.out.tfevents.*"))) == 1
+    assert len(list(tb.glob("events.out.tfevents.*.eval_reverse_heldout"))) == 1
     for key in ["pass@4", "accuracy", "maj@2"]:
-        points = tb_scalars(tb_eval, f"eval/reverse_heldout/{key}")
+        points = tb_scalars(tb, f"eval/reverse_heldout/{key}")
         assert [s for s, _ in points] == [0, 1, 2]
         saved = [json.loads((out / f"step_{s:06d}.json").read_text())["metrics"][key] for s in (0, 1, 2)]
         assert [v for _, v in points] == pytest.approx(saved, abs=1e-6)  # TensorBoard stores float32
-    assert tb_scalars(trained_run / "tb", "eval/reverse_heldout/pass@4") == []  # none in the training log
+    assert [s for s, _ in tb_scalars(tb, "rollout/reward_mean")] == [1, 2]  # training's curves still there
+    assert [s for s, _ in tb_scalars(tb, "eval/pass@4")] == [1, 2]
     assert evals_run.main(["--run-dir", str(trained_run), "--backend", "hf", "--k", "1,2"]) == 2
     assert "other settings" in capsys.readouterr().err
+
+    # A checkpoint rewritten since it was evaluated (as step N is when a resume from an earlier step retrains
+    # it; here step 2's adapter copied over step 1's) is evaluated again, the unchanged ones are not.
+    rewritten = tmp_path / "rewritten"
+    shutil.copytree(trained_run, rewritten)
+    ck, out2 = rewritten / "checkpoints", rewritten / "eval" / "reverse_heldout"
+    shutil.copy(ck / "step_000002" / ADAPTER, ck / "step_000001" / ADAPTER)
+    before = {p.name: p.stat().st_mtime_ns for p in out2.glob("step_*.json")}
+    assert evals_run.main(["--run-dir", str(rewritten), "--backend", "hf"]) == 0
+    stdout = capsys.readouterr().out
+    assert stdout.count("already evaluated") == 2 and "step_000001: the weights differ from those of" in stdout
+    after = {p.name: p.stat().st_mtime_ns for p in out2.glob("step_*.json")}
+    assert [n for n in before if before[n] != after[n]] == ["step_000001.json"]
+    step1, step2 = (json.loads((out2 / f"step_{s:06d}.json").read_text()) for s in (1, 2))
+    sha = hashlib.sha256((ck / "step_000002" / ADAPTER).read_bytes()).hexdigest()
+    assert step1["weights_fingerprint"] == step2["weights_fingerprint"] == f"sha256:{sha}"
+    assert step1["metrics"] == step2["metrics"]  # the same weights and seeds: the same numbers
+    assert (
+        json.loads((out2 / "step_000000.json").read_text())["weights_fingerprint"]
+        == f"base:{step1['settings']['base_model']}"
+    )
 
     # Broken checkpoints are reported in one line each and skipped; the rest is evaluated; exit status 3.
     broken = tmp_path / "broken"

@@ -22,7 +22,14 @@ import pytest
 from rl_training import slurm_launch
 from rl_training.checkpoint import list_checkpoints
 from rl_training.runners import rl_runner
-from rl_training.slurm_launch import add_no_proxy, exit_status, nproc_per_node, torchrun_args, worker_env
+from rl_training.slurm_launch import (
+    add_no_proxy,
+    exit_status,
+    node_local_env,
+    nproc_per_node,
+    torchrun_args,
+    worker_env,
+)
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
 from tests.system_packages import require_debian_packages, skip_unless_required
 
@@ -30,7 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
 SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
 CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
-SLURM_LOCAL = REPO.parent / "shared" / "tools" / "slurm_local.sh"
+# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
+SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
 
 
 def read_steps(run_dir: Path) -> list[int]:
@@ -76,6 +84,29 @@ def test_worker_environment_is_an_allow_list():
     }
     extra = worker_env(env, "MY_SITE_VAR, SITE_*")  # RL_WORKER_ENV: names and NAME_* prefixes
     assert {"MY_SITE_VAR", "SITE_A", "SITE_B"} <= set(extra) and "JUNK" not in extra
+
+
+def test_node_local_dirs_leave_the_hugging_face_caches_where_the_user_has_them(tmp_path):
+    local = tmp_path / "rl-9-n1"
+    got = node_local_env({"HOME": "/home/u"}, local)
+    compile_caches = {"TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "CUDA_CACHE_PATH"}
+    assert compile_caches | {"TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME", "HF_HOME"} == set(got)
+    assert all(Path(got[v]).parent == local and Path(got[v]).is_dir() for v in compile_caches)
+    # XDG_CACHE_HOME moves, so the HF home it would have carried along stays at its default.
+    assert got["XDG_CACHE_HOME"] == str(local / "cache") and got["HF_HOME"] == "/home/u/.cache/huggingface"
+    assert not any(v.startswith("HF_") and v != "HF_HOME" for v in got)  # hub and datasets caches follow HF_HOME
+    # The user's own settings are not overridden: they reach the workers through the allow-list as given.
+    user = {
+        "HOME": "/home/u",
+        "XDG_CACHE_HOME": "/nfs/cache",
+        "HF_HUB_CACHE": "/nfs/hub",
+        "HF_DATASETS_CACHE": "/nfs/ds",
+    }
+    got = node_local_env(user, local)
+    assert not {"XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE"} & set(got)
+    assert {k: v for k, v in worker_env(user).items() if k != "HOME"} == {k: v for k, v in user.items() if k != "HOME"}
+    got = node_local_env({"HOME": "/home/u", "HF_HOME": "/nfs/hf"}, local)
+    assert got["XDG_CACHE_HOME"] == str(local / "cache") and "HF_HOME" not in got
 
 
 def test_proxy_bypass_for_the_jobs_own_nodes():

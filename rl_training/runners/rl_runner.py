@@ -306,7 +306,9 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
         run = setup(cfg, info)
         try:
             status = train(run, stop)
-            run.logger.summary(run.syncer.drain())  # the last checkpoint's upload, in TensorBoard too
+            # The last uploads and the final pass over the kept checkpoints, in TensorBoard too. After a stop
+            # signal the wait is shorter: SLURM's margin also holds the step and the checkpoint before it.
+            run.logger.summary(run.syncer.drain(run.d.run_dir, stopped=status == STOPPED_EXIT_CODE))
         finally:
             run.logger.close()
             run.backend.close()
