@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages
+from rl_training.algs.dr_grpo import group_advantages, zero_adv_groups
 from rl_training.algs.objectives import (
     OBJECTIVES,
     StepNorm,
@@ -21,8 +21,10 @@ from rl_training.algs.objectives import (
     leave_one_out_advantages,
     policy_loss,
 )
+from rl_training.metrics import PhaseTimer, step_metrics
+from rl_training.rewards import Scores
 from rl_training.runners import rl_runner
-from rl_training.trainer import step_advantages
+from rl_training.trainer import TrainStats, make_micro_batches, step_advantages
 from tests.helpers import fake_rollouts, grads_after, lora_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,6 +174,28 @@ def test_reinforce_pp_batch_normalisation_and_sharded_moments():
     m0, m1 = batch_moments(c[:16]), batch_moments(c[16:])
     summed = {k: m0[k] + m1[k] for k in m0}
     torch.testing.assert_close(torch.cat([batch_std_scale(c[:16], summed), batch_std_scale(c[16:], summed)]), a)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_equal_float32_rewards_give_exactly_zero_advantages(name):
+    # Group 0: eight float32 copies of 5/7. Their float32 mean is 5/7 - 5.96e-8 (the running sum rounds), so
+    # r - mean used to be -5.96e-8 (dr_grpo), and the std scales made it (r - mean) / (0 + 1e-6) = -0.0596 for
+    # every member (grpo, dapo, gspo, cispo, reinforce_pp): a zero-signal group pushed all its samples down.
+    # Now it is exactly 0 for every objective. Group 1 (rewards 0,1,...; mean 0.5) keeps all 8 non-zero.
+    cpu = torch.device("cpu")
+    r = torch.tensor([5 / 7] * 8 + [0.0, 1.0] * 4, dtype=torch.float32)
+    assert r[:8].mean().item() != r[0].item()  # the float32 trap the test is about
+    adv = step_advantages(OBJECTIVES[name], r, 8, cpu)
+    assert adv.dtype == torch.float64 and (adv[:8] == 0).all() and (adv[8:] != 0).all()
+    assert zero_adv_groups(adv, 8).tolist() == [True, False]
+    # One micro-batch of both groups: dropping keeps group 1 only; without dropping both stay.
+    ro = fake_rollouts(8)  # 16 sequences, regrouped here as 2 groups of 8
+    assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, True)] == [[1]]
+    assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, False)] == [[0, 1]]
+    # The logged fraction counts it: 1 of 2 groups.
+    scores = Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
+    m = step_metrics(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
+    assert m["rollout/zero_adv_group_frac"] == 0.5
 
 
 # ---------------------------------------------------------------------------------- gradient identities

@@ -46,8 +46,8 @@ def test_zero_advantage_group_gives_zero_gradient_without_kl(policy):
 # the step's sequences and tokens whether or not they were dropped, so the kept groups' terms do not change.
 # The advantages themselves are computed before dropping: a zero-variance group stays exactly 0 under GRPO's
 # std scale (0 / (0 + 1e-6)), RLOO's G/(G-1) factor and REINFORCE++'s batch std, and REINFORCE++'s batch std
-# includes the zero groups whether or not they are dropped later. (Equal rewards whose group mean rounds
-# differ from them give ~1e-17 advantages: not exactly 0, so not dropped; the rule stays exact.)
+# includes the zero groups whether or not they are dropped later. (Equal rewards whose float group mean
+# differs from them still give exactly 0: group_advantages zeroes every group with max == min.)
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_dropping_zero_advantage_groups_keeps_the_gradient(policy, name):
     ro = fake_rollouts(4, seed=1)

@@ -190,7 +190,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("score"):
         refs = [run.examples[i].reference for i in idx for _ in range(G)]
         scores = score_completions(run.task, rollouts.texts, refs, cfg.reward.timeout_s)
-        rewards = torch.tensor(scores.rewards, dtype=torch.float32)
+        rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     with timer("train"):
         micro = make_micro_batches(
