@@ -159,7 +159,11 @@ class LossCfg:
     )
     clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
-    kl_estimator: Literal["k1", "k3"] = _f("k3", "Per-token KL estimate: k1 = log(pi/ref), k3 = Schulman's k3.")
+    kl_estimator: Literal["k1", "k3"] = _f(
+        "k3",
+        "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(k1) grad log pi (that of KL(pi||ref)); "
+        "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). README, 'Objectives'.",
+    )
     tis_cap: float = _f(
         0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
     )

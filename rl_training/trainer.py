@@ -9,7 +9,6 @@ only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from rl_training.algs.dr_grpo import token_entropy, token_logprobs, zero_adv_gro
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,
+    KLEstimator,
     Objective,
     StepNorm,
     batch_moments,
@@ -110,7 +110,7 @@ class UpdateHParams:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
-    kl_estimator: Callable = KL_ESTIMATORS["k3"]
+    kl_estimator: KLEstimator = KL_ESTIMATORS["k3"]
     log_kl: bool = True  # compute the reference forward to log KL even when kl_coef == 0
     temperature: float = 1.0
     max_grad_norm: float = 1.0  # 0 = no clipping
