@@ -27,7 +27,7 @@ from rl_training import dist
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, derive, resolve_paths, to_yaml
+from rl_training.config import Config, Derived, check_trainable_dtype, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
@@ -110,6 +110,7 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
+    check_trainable_dtype(cfg)
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
     resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
     resolve_paths(cfg)  # local paths saved absolute: evals.run reads the checkpoints' config from anywhere
