@@ -57,7 +57,11 @@ class RunCfg:
 @dataclass
 class ModelCfg:
     name_or_path: str = _f("models/tiny-qwen2", "HF hub id or local path of the base causal LM.")
-    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32", "Weights and compute dtype.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32",
+        "Weights and compute dtype (trainer and vLLM engine). float16 is for evals only: the RL and SFT "
+        "runners refuse it (no fp16 gradient scaler).",
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = _f(
         "sdpa", "Attention kernel used by the trainer's forward passes."
     )
@@ -111,7 +115,13 @@ class RolloutCfg:
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
-    top_p: float = _f(1.0, "Nucleus sampling mass; <1 makes rollout log-probs differ from the trainer's.", gt=0, le=1)
+    top_p: float = _f(
+        1.0,
+        "Nucleus sampling mass. <1: rollout log-probs come from the renormalised nucleus, the trainer's from the "
+        "full vocabulary, so rollout/logp_diff_* measures the truncation too and loss.tis_cap is refused.",
+        gt=0,
+        le=1,
+    )
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
 
 
@@ -159,7 +169,11 @@ class LossCfg:
     )
     clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
-    kl_estimator: Literal["k1", "k3"] = _f("k3", "Per-token KL estimate: k1 = log(pi/ref), k3 = Schulman's k3.")
+    kl_estimator: Literal["k1", "k3"] = _f(
+        "k3",
+        "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(k1) grad log pi (that of KL(pi||ref)); "
+        "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). README, 'Objectives'.",
+    )
     tis_cap: float = _f(
         0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
     )
@@ -516,6 +530,12 @@ def load_config(
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
             "group still has a KL gradient, which dropping it would silently remove; set one of them off"
         )
+    if cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
+        raise ConfigError(
+            f"{where}loss.tis_cap={cfg.loss.tis_cap} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
+            "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
+            "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
+        )
     bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
     if bad_k:
         raise ConfigError(
@@ -541,6 +561,16 @@ def check_sync_target(remote: str, bucket: str, path: str, where: str = "") -> N
     for key, value in (("bucket", bucket), ("path", path)):
         if _UNSAFE_PATH_CHARS & set(value):
             raise ConfigError(f'{where}sync.{key} may not contain any of " $ ` \\ : , or a newline')
+
+
+def check_trainable_dtype(cfg: Config) -> None:
+    """The RL and SFT runners train without a GradScaler, so float16 gradients would underflow: refuse it
+    (evals may still run in float16)."""
+    if cfg.model.dtype == "float16":
+        raise ConfigError(
+            "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow "
+            "to 0); use bfloat16 or float32"
+        )
 
 
 def get_key(cfg: Config, key: str) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from rl_training import dist
+from rl_training.algs.dr_grpo import zero_adv_groups
 from rl_training.checkpoint import abandoned_dir
 from rl_training.rewards import Scores
 from rl_training.rollout.base import Rollouts
@@ -56,7 +57,7 @@ def step_metrics(
     """Collective (every rank calls it). Returns the global metrics of one step."""
     r = torch.tensor(scores.rewards, dtype=torch.float64)
     lengths = [len(c) for c in rollouts.completion_ids]
-    zero_adv = (advantages.view(-1, group_size) == 0).all(dim=1)
+    zero_adv = zero_adv_groups(advantages, group_size)
     sums = dist.reduce_sums(
         {
             "n": len(r),

@@ -9,17 +9,17 @@ only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import token_entropy, token_logprobs
+from rl_training.algs.dr_grpo import token_entropy, token_logprobs, zero_adv_groups
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,
+    KLEstimator,
     Objective,
     StepNorm,
     batch_moments,
@@ -61,11 +61,11 @@ def make_micro_batches(
     left empty is not returned. Dropping never re-packs across blocks: the micro-level GNS needs each
     micro-batch to be a random block of units, whatever their advantages (`n_units` keeps its full size)."""
     n_groups = len(rollouts) // group_size
-    adv = advantages.view(n_groups, group_size)
+    zero = zero_adv_groups(advantages, group_size)
     out = []
     for s in range(0, n_groups, groups_per_micro):
         block = list(range(s, min(s + groups_per_micro, n_groups)))
-        gids = [g for g in block if bool((adv[g] != 0).any())] if drop_zero_adv_groups else block
+        gids = [g for g in block if not zero[g]] if drop_zero_adv_groups else block
         if not gids:
             continue
         rows = [g * group_size + i for g in gids for i in range(group_size)]
@@ -110,7 +110,7 @@ class UpdateHParams:
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
-    kl_estimator: Callable = KL_ESTIMATORS["k3"]
+    kl_estimator: KLEstimator = KL_ESTIMATORS["k3"]
     log_kl: bool = True  # compute the reference forward to log KL even when kl_coef == 0
     temperature: float = 1.0
     max_grad_norm: float = 1.0  # 0 = no clipping

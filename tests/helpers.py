@@ -43,7 +43,17 @@ def fake_rollouts(n_groups: int, seed: int = 0) -> Rollouts:
 
 
 def grads_after(
-    model, rollouts, adv, groups_per_micro, *, extra_pad=0, kl_coef=0.0, drop=False, epochs=1, objective="dr_grpo"
+    model,
+    rollouts,
+    adv,
+    groups_per_micro,
+    *,
+    extra_pad=0,
+    kl_coef=0.0,
+    drop=False,
+    epochs=1,
+    objective="dr_grpo",
+    tis_cap=0.0,
 ):
     """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the stats."""
     params = trainable_parameters(model)
@@ -52,7 +62,13 @@ def grads_after(
     mbs = make_micro_batches(rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad)
     o = OBJECTIVES[objective]
     hp = UpdateHParams(
-        objective=o, clip_low=o.clip_low, clip_high=o.clip_high, inner_epochs=epochs, kl_coef=kl_coef, max_grad_norm=0.0
+        objective=o,
+        clip_low=o.clip_low,
+        clip_high=o.clip_high,
+        inner_epochs=epochs,
+        kl_coef=kl_coef,
+        max_grad_norm=0.0,
+        tis_cap=tis_cap,
     )
     norm = StepNorm(seqs=len(rollouts), tokens=sum(len(c) for c in rollouts.completion_ids), max_new_tokens=8)
     stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import ConfigError, all_keys, derive, load_config, reference, to_yaml
+from rl_training.config import ConfigError, all_keys, check_trainable_dtype, derive, load_config, reference, to_yaml
 
 CFG_DIR = Path(__file__).resolve().parents[1] / "cfg"
 
@@ -133,6 +133,37 @@ def test_yaml_syntax_error_names_line(tmp_path):
     p.write_text("train:\n  total_steps: 3\n  seed: [1, 2\n")
     with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
         load_config(p)
+
+
+def test_tis_refused_with_top_p_below_one():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=0.9"])
+    assert str(e.value) == (
+        "loss.tis_cap=2.0 with rollout.top_p=0.9: the sampler's log-probs come from the top-p renormalised "
+        "distribution, so pi_train/pi_rollout would not be an importance ratio; set rollout.top_p=1 or "
+        "loss.tis_cap=0"
+    )
+    load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=1.0"])
+    load_config(None, ["loss.tis_cap=0", "rollout.top_p=0.9"])
+
+
+def test_training_refuses_float16(capsys):
+    # No GradScaler: the RL and SFT runners refuse float16 before loading anything; loading the config (evals)
+    # still accepts it.
+    from rl_training.runners import rl_runner, sft_runner
+
+    cfg = load_config(None, ["model.dtype=float16"])
+    message = (
+        "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow to 0); "
+        "use bfloat16 or float32"
+    )
+    with pytest.raises(ConfigError) as e:
+        check_trainable_dtype(cfg)
+    assert str(e.value) == message
+    check_trainable_dtype(load_config(None, ["model.dtype=bfloat16"]))
+    for runner, name in ((rl_runner, "testconfig.yaml"), (sft_runner, "tiny_sft.yaml")):
+        assert runner.main(["--cfg", str(CFG_DIR / name), "model.dtype=float16"]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
 
 
 @pytest.mark.parametrize(

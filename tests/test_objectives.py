@@ -10,19 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages
+from rl_training.algs.dr_grpo import group_advantages, zero_adv_groups
 from rl_training.algs.objectives import (
+    KL_ESTIMATORS,
     OBJECTIVES,
     StepNorm,
     batch_moments,
     batch_std_scale,
     group_std_scale,
-    k1_kl,
     leave_one_out_advantages,
     policy_loss,
 )
+from rl_training.metrics import PhaseTimer, step_metrics
+from rl_training.rewards import Scores
 from rl_training.runners import rl_runner
-from rl_training.trainer import step_advantages
+from rl_training.trainer import TrainStats, make_micro_batches, step_advantages
 from tests.helpers import fake_rollouts, grads_after, lora_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,13 +124,83 @@ def test_gspo_hand_values():
 def test_kl_estimators_and_aggregation():
     # A = 0 so only KL counts. ref = logp - ln 2 on every token: k1 = ln 2; k3 = exp(-ln2) + ln2 - 1 = ln2 - 0.5
     ref = OLD + DELTA - math.log(2.0)
-    for est, per_tok in ((k1_kl, math.log(2)), (None, math.log(2) - 0.5)):
-        kw = {"kl_estimator": est} if est else {}
+    for est, per_tok in (("k1", math.log(2)), (None, math.log(2) - 0.5)):
+        kw = {"kl_estimator": KL_ESTIMATORS[est]} if est else {}
         o = OBJECTIVES["grpo"]
         out = policy_loss(o, OLD + DELTA, OLD, torch.zeros(2, dtype=D), MASK, NORM, 0.2, 0.2, ref, 0.1, **kw)
         # grpo aggregation of a constant c: mean over seqs of the per-seq token mean = c
         assert out.loss.item() == pytest.approx(0.1 * per_tok, rel=1e-12)
         assert out.kl_sum.item() == pytest.approx(5 * per_tok, rel=1e-12)
+
+
+# One token from a categorical policy pi = softmax(theta) over 4 symbols, reference softmax(REF_LOGITS). The
+# exact expectation of a per-sample gradient over y ~ q is sum_y q(y) grad term(y); the targets are analytic:
+#   grad KL(pi || ref) = sum_y pi(y) (log pi(y) - log ref(y)) grad log pi(y)   (reverse KL, what k1 must give)
+#   grad KL(ref || pi) = -sum_y ref(y) grad log pi(y)                         (forward KL, what k3 gives)
+#   naive k1, grad (log pi(y) - log ref(y)) = grad log pi(y): sum_y pi(y) grad log pi(y) = grad sum_y pi = 0.
+THETA = torch.tensor([0.5, -0.3, 1.2, 0.0], dtype=D)
+REF_LOGITS = torch.tensor([0.0, 0.4, -0.5, 0.9], dtype=D)
+
+
+def expected_kl_grad(estimator, sample_logits=None, old_logits=None):
+    """sum_y q(y) grad_theta[loss(y)] for the one-token loss with A = 0, kl_coef 1 (dr_grpo, normaliser 1).
+    q = softmax(sample_logits) (default: pi), pi_old = softmax(old_logits) (default: pi, the first epoch);
+    off-policy, the trainer's TIS weight pi_old/q (cap not reached) goes in too."""
+    q = torch.softmax(THETA if sample_logits is None else sample_logits, 0)
+    old = torch.log_softmax(THETA if old_logits is None else old_logits, 0)
+    ref = torch.log_softmax(REF_LOGITS, 0)
+    total = torch.zeros_like(THETA)
+    for y in range(4):
+        theta = THETA.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, 0)[y].view(1, 1)
+        tis = (old[y].exp() / q[y]).view(1, 1) if sample_logits is not None else None
+        out = policy_loss(
+            OBJECTIVES["dr_grpo"],
+            logp,
+            old[y].view(1, 1),
+            torch.zeros(1, dtype=D),
+            torch.ones(1, 1, dtype=D),
+            StepNorm(seqs=1, tokens=1, max_new_tokens=1),
+            0.2,
+            0.2,
+            ref[y].view(1, 1),
+            1.0,
+            KL_ESTIMATORS[estimator],
+            tis,
+        )
+        total += q[y] * torch.autograd.grad(out.loss, theta)[0]
+    return total
+
+
+def kl_grads():
+    theta = THETA.clone().requires_grad_(True)
+    logpi, ref = torch.log_softmax(theta, 0), torch.log_softmax(REF_LOGITS, 0)
+    reverse = torch.autograd.grad((logpi.exp() * (logpi - ref)).sum(), theta)[0]
+    theta = THETA.clone().requires_grad_(True)
+    forward = torch.autograd.grad((ref.exp() * (ref - torch.log_softmax(theta, 0))).sum(), theta)[0]
+    return reverse, forward
+
+
+def test_k1_penalty_has_the_reverse_kl_gradient_in_expectation():
+    reverse, forward = kl_grads()
+    assert reverse.abs().max() > 0.1 and (reverse - forward).abs().max() > 0.05  # the two targets differ
+    torch.testing.assert_close(expected_kl_grad("k1"), reverse, rtol=1e-12, atol=1e-14)
+    # Off-policy (a later epoch: pi_old != pi; sampled by q != pi_old with TIS): the weight pi/pi_old x
+    # pi_old/q keeps the expectation at grad KL(pi || ref).
+    q_logits, old_logits = torch.tensor([0.2, 0.2, 0.0, -0.4], dtype=D), torch.tensor([0.1, 0.0, 1.0, 0.3], dtype=D)
+    torch.testing.assert_close(expected_kl_grad("k1", q_logits, old_logits), reverse, rtol=1e-12, atol=1e-14)
+    # The naive k1 loss (differentiating log pi - log ref) would have had expected gradient 0 (see above).
+    theta = THETA.clone().requires_grad_(True)
+    naive = sum(
+        torch.softmax(THETA, 0)[y] * torch.autograd.grad(torch.log_softmax(theta, 0)[y], theta)[0] for y in range(4)
+    )
+    assert naive.abs().max().item() < 1e-15
+
+
+def test_k3_penalty_has_the_forward_kl_gradient_on_policy():
+    reverse, forward = kl_grads()
+    torch.testing.assert_close(expected_kl_grad("k3"), forward, rtol=1e-12, atol=1e-14)
+    assert (expected_kl_grad("k3") - reverse).abs().max() > 0.05  # not the reverse KL's gradient
 
 
 # --------------------------------------------------------------------------------------- advantages
@@ -172,6 +244,28 @@ def test_reinforce_pp_batch_normalisation_and_sharded_moments():
     m0, m1 = batch_moments(c[:16]), batch_moments(c[16:])
     summed = {k: m0[k] + m1[k] for k in m0}
     torch.testing.assert_close(torch.cat([batch_std_scale(c[:16], summed), batch_std_scale(c[16:], summed)]), a)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_equal_float32_rewards_give_exactly_zero_advantages(name):
+    # Group 0: eight float32 copies of 5/7. Their float32 mean is 5/7 - 5.96e-8 (the running sum rounds), so
+    # r - mean used to be -5.96e-8 (dr_grpo), and the std scales made it (r - mean) / (0 + 1e-6) = -0.0596 for
+    # every member (grpo, dapo, gspo, cispo, reinforce_pp): a zero-signal group pushed all its samples down.
+    # Now it is exactly 0 for every objective. Group 1 (rewards 0,1,...; mean 0.5) keeps all 8 non-zero.
+    cpu = torch.device("cpu")
+    r = torch.tensor([5 / 7] * 8 + [0.0, 1.0] * 4, dtype=torch.float32)
+    assert r[:8].mean().item() != r[0].item()  # the float32 trap the test is about
+    adv = step_advantages(OBJECTIVES[name], r, 8, cpu)
+    assert adv.dtype == torch.float64 and (adv[:8] == 0).all() and (adv[8:] != 0).all()
+    assert zero_adv_groups(adv, 8).tolist() == [True, False]
+    # One micro-batch of both groups: dropping keeps group 1 only; without dropping both stay.
+    ro = fake_rollouts(8)  # 16 sequences, regrouped here as 2 groups of 8
+    assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, True)] == [[1]]
+    assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, False)] == [[0, 1]]
+    # The logged fraction counts it: 1 of 2 groups.
+    scores = Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
+    m = step_metrics(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
+    assert m["rollout/zero_adv_group_frac"] == 0.5
 
 
 # ---------------------------------------------------------------------------------- gradient identities

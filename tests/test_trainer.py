@@ -3,12 +3,23 @@ zero-advantage groups, old log-probs and the trainer-vs-sampler canary."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from rl_training.algs.objectives import OBJECTIVES
+from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
-from rl_training.trainer import make_micro_batches, step_advantages
+from rl_training.rollout.base import Rollouts
+from rl_training.trainer import (
+    MicroBatch,
+    TrainStats,
+    _rollout_canary,
+    forward_logits,
+    make_micro_batches,
+    step_advantages,
+)
 from tests.helpers import G, fake_rollouts, grads_after, lora_policy
 
 
@@ -46,8 +57,8 @@ def test_zero_advantage_group_gives_zero_gradient_without_kl(policy):
 # the step's sequences and tokens whether or not they were dropped, so the kept groups' terms do not change.
 # The advantages themselves are computed before dropping: a zero-variance group stays exactly 0 under GRPO's
 # std scale (0 / (0 + 1e-6)), RLOO's G/(G-1) factor and REINFORCE++'s batch std, and REINFORCE++'s batch std
-# includes the zero groups whether or not they are dropped later. (Equal rewards whose group mean rounds
-# differ from them give ~1e-17 advantages: not exactly 0, so not dropped; the rule stays exact.)
+# includes the zero groups whether or not they are dropped later. (Equal rewards whose float group mean
+# differs from them still give exactly 0: group_advantages zeroes every group with max == min.)
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
 def test_dropping_zero_advantage_groups_keeps_the_gradient(policy, name):
     ro = fake_rollouts(4, seed=1)
@@ -117,3 +128,54 @@ def test_inner_epochs_reuse_first_epoch_logprobs_as_old(policy):
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)  # leave the module-scoped policy as it was
     assert stats.clipped_tokens > 0
+
+
+def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
+    # One sequence, 3 tokens, A = +1, on-policy (old = trainer log-probs = -1 each), cap C = 1.5.
+    # Sampler log-probs -1 - ln 2, -1 + ln 2, -1 -> rho = pi_train_old / pi_vllm = 2, 0.5, 1 -> w = 1.5, 0.5, 1.
+    # (The inverse pi_vllm / pi_train would give 0.5, 1.5 (2 capped), 1.) Dr-GRPO, normaliser 1 seq x 4:
+    # loss = -sum_t w_t r_t A / 4 = -(1.5 + 0.5 + 1) / 4 = -0.75; d loss / d logp_t = -w_t / 4 = -0.375, -0.125, -0.25.
+    d = torch.float64
+    logp = torch.full((1, 3), -1.0, dtype=d, requires_grad=True)
+    mask = torch.ones(1, 3, dtype=d)
+    rollout_logp = torch.tensor([[-1.0 - math.log(2), -1.0 + math.log(2), -1.0]], dtype=d)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    mb = MicroBatch(ids, ids, ids[:, 1:], mask, torch.ones(1, dtype=d), rollout_logp, [0])
+    stats = TrainStats()
+    w = _rollout_canary(stats, logp.detach(), mb, tis_cap=1.5)
+    torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]], dtype=d))
+    assert stats.is_truncated == 1 and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
+    norm = StepNorm(seqs=1, tokens=3, max_new_tokens=4)
+    out = policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mask, norm, 0.2, 0.2, is_weights=w)
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-0.75, rel=1e-12)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.375, -0.125, -0.25]], dtype=d))
+
+
+def with_sampler_offset(policy, ro: Rollouts, offset: float) -> Rollouts:
+    """The rollouts with sampler log-probs = the policy's own + offset on every token (rho = exp(-offset))."""
+    adv = torch.zeros(len(ro), dtype=torch.float64)
+    (mb,) = make_micro_batches(ro, adv, G, len(ro) // G, 0, torch.device("cpu"))
+    with torch.no_grad():
+        lp = token_logprobs(forward_logits(policy, mb), mb.targets)
+    rows = [lp[b][mb.mask[b].bool()].tolist() for b in range(len(ro))]
+    return Rollouts(ro.prompt_ids, ro.completion_ids, [[x + offset for x in r] for r in rows], ro.truncated, ro.texts)
+
+
+def test_truncated_is_scales_the_trainer_gradient(policy):
+    # Every token with the same rho scales every token's gradient by min(rho, C): rho = 0.5 (sampler log-probs
+    # ln 2 above the trainer's) -> 0.5 x the gradient without TIS; rho = 2, C = 1.5 -> 1.5 x. (KL off, A fixed.)
+    ro = fake_rollouts(2, seed=4)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    g, _ = grads_after(policy, ro, adv, 2)
+    assert g.abs().max() > 1e-4
+    g_half, _ = grads_after(policy, with_sampler_offset(policy, ro, math.log(2)), adv, 2, tis_cap=1.5)
+    g_capped, s = grads_after(policy, with_sampler_offset(policy, ro, -math.log(2)), adv, 2, tis_cap=1.5)
+    # To ~1e-7 of the largest entry, not 1e-12: micro-batches hold sampler log-probs in float32 (what vLLM
+    # returns), so rho is 0.5 to ~1e-7, and Qwen2's RMSNorm computes in float32 even in this float64 model,
+    # so a backward pass whose upstream gradient is scaled by 1.5 rounds differently at that level.
+    tol = {"rtol": 1e-6, "atol": 1e-6 * g.abs().max().item()}
+    torch.testing.assert_close(g_half, 0.5 * g, **tol)
+    torch.testing.assert_close(g_capped, 1.5 * g, **tol)
+    assert (g_capped - 2.0 * g).abs().max() > 0.1 * g.abs().max()  # the cap did bind: not the uncapped 2x
+    assert s.is_truncated == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5

@@ -22,11 +22,24 @@ import torch
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """rewards [N] ordered group by group (N = groups * group_size) -> advantages [N], r - group mean."""
+    """rewards [N] ordered group by group (N = groups * group_size) -> advantages [N], r - group mean, float64.
+
+    A group whose rewards are all equal gets exactly 0: its float mean need not equal them (eight float32
+    copies of 5/7 average to 5/7 - 6e-8 in float32), and std-scaling objectives would blow that residue up
+    to ~0.06 per sequence. Every objective's scale keeps those zeros exact, so `zero_adv_groups` finds exactly
+    the groups whose max == min."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    r = rewards.view(-1, group_size)
-    return (r - r.mean(dim=1, keepdim=True)).view(-1)
+    r = rewards.double().view(-1, group_size)
+    centered = r - r.mean(dim=1, keepdim=True)
+    constant = r.amax(dim=1) == r.amin(dim=1)
+    return centered.masked_fill(constant.unsqueeze(1), 0.0).view(-1)
+
+
+def zero_adv_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] -> [N/G] bool: groups whose advantages are all exactly 0, i.e. (by `group_advantages`) the groups
+    whose rewards are all equal; a non-constant group always keeps a non-zero advantage."""
+    return (advantages.view(-1, group_size) == 0).all(dim=1)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

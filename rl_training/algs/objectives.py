@@ -41,7 +41,14 @@ Papers and departures (each objective's entry below names its paper):
   step's batch (all ranks), PPO clip, token mean. Departure: the batch std is taken over sequences; verl
   whitens over tokens (each sequence weighted by its length). The paper's KL-in-reward is replaced by the
   shared KL-in-loss option.
-KL (k1 or k3, `loss.kl_estimator`) is added per token, `kl_coef * kl_t`, before aggregation, as TRL does.
+KL (`loss.kl_estimator`, see `KL_ESTIMATORS`) is added per token, `kl_coef * term_t`, before aggregation.
+Differentiating an unbiased KL estimate does not give an unbiased KL gradient (Tang & Munos 2025, "On a few
+pitfalls in KL divergence gradient estimation for RL", arXiv:2506.09477): naive k1 in the loss has zero
+expected gradient. So k1's loss term keeps k1's value but carries the gradient
+sg(w (log pi - log ref)) grad log pi, whose expectation is grad KL(pi || ref) per token (k2's gradient); k3
+is differentiated as TRL and the GRPO paper do, which on-policy gives grad KL(ref || pi), the forward KL.
+Both are per-token penalties: neither carries a token's effect on the KL of later tokens (the paper's
+second pitfall).
 """
 
 from __future__ import annotations
@@ -151,7 +158,31 @@ def k1_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return logp - ref_logp
 
 
-KL_ESTIMATORS: dict[str, Callable] = {"k1": k1_kl, "k3": k3_kl}
+def k1_kl_loss(logp: torch.Tensor, ref_logp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """k1's value, log pi - log ref, with the gradient sg(weight (log pi - log ref)) grad log pi.
+
+    The naive gradient of k1 is grad log pi(y), whose expectation under y ~ pi is 0: noise and no pull to
+    the reference (arXiv:2506.09477). Sum_y pi(y) (log pi(y) - log ref(y)) grad log pi(y) = grad KL(pi || ref)
+    instead: the gradient of k2 = (log pi - log ref)^2 / 2, i.e. of a per-token reward -k1. The tokens were drawn
+    by the sampler, not by pi, so `weight` = (truncated IS weight, when on) x pi / pi_old per token, the
+    unclipped importance weight of the PG term (1 in the first epoch): its expectation is then the same.
+    """
+    k1 = logp - ref_logp
+    return k1.detach() + (weight * k1).detach() * (logp - logp.detach())
+
+
+def k3_kl_loss(logp: torch.Tensor, ref_logp: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """k3 differentiated as it is (TRL, the GRPO paper): gradient (1 - ref/pi) grad log pi, whose expectation
+    under y ~ pi is -sum_y ref(y) grad log pi(y) = grad KL(ref || pi), the forward KL; not importance-weighted."""
+    return k3_kl(logp, ref_logp)
+
+
+class KLEstimator(NamedTuple):
+    value: Callable  # (logp, ref_logp) -> [B,L] per-token KL estimate, logged as train/kl
+    loss_term: Callable  # (logp, ref_logp, weight [B,L] no grad) -> [B,L] penalty added to the loss x kl_coef
+
+
+KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": KLEstimator(k1_kl, k1_kl_loss), "k3": KLEstimator(k3_kl, k3_kl_loss)}
 
 
 # ----------------------------------------------------------------------------------------- objectives
@@ -237,7 +268,7 @@ def policy_loss(
     clip_high: float,
     ref_logp: torch.Tensor | None = None,  # [B,L]
     kl_coef: float = 0.0,
-    kl_estimator: Callable = k3_kl,
+    kl_estimator: KLEstimator = KL_ESTIMATORS["k3"],
     is_weights: torch.Tensor | None = None,  # [B,L] truncated importance weights (no grad)
 ) -> LossOut:
     mask = mask.to(logp.dtype)
@@ -247,9 +278,12 @@ def policy_loss(
     pg = objective.aggregate(per_token, mask, norm)
     loss, kl_sum = pg, torch.zeros((), dtype=logp.dtype, device=logp.device)
     if ref_logp is not None:
-        kl_tok = kl_estimator(logp, ref_logp.detach())
-        kl_sum = (kl_tok * mask).sum()
+        kl_sum = (kl_estimator.value(logp.detach(), ref_logp.detach()) * mask).sum()
         if kl_coef:
+            weight = torch.exp(logp.detach() - old_logp.detach())
+            if is_weights is not None:
+                weight = weight * is_weights.detach()
+            kl_tok = kl_estimator.loss_term(logp, ref_logp.detach(), weight)
             loss = loss + kl_coef * objective.aggregate(kl_tok, mask, norm)
     return LossOut(
         loss, pg.detach(), kl_sum.detach(), (sur.clipped.to(mask.dtype) * mask).sum().detach(), mask.sum().detach()

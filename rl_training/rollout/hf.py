@@ -1,14 +1,73 @@
 """Rollouts with transformers `generate` on the trainer's own (peft) model: the reference backend.
 
-It shares the trainer's weights, so sync is a no-op and there is nothing to sleep. Sampling is over the
-full vocabulary (top_k=0, HF's default of 50 would make rollout log-probs differ from the trainer's).
+It shares the trainer's weights, so sync is a no-op and there is nothing to sleep. Sampling is from
+softmax(logits / T) over the full vocabulary (top-p when asked), the distribution the trainer scores: every
+other knob of `generate` is passed at its neutral value (`neutral_generation_config`), because transformers
+fills whatever a passed config leaves unset from the model's own generation_config, and checkpoints ship
+their chat defaults (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20, temperature 0.7; HF's global top_k
+is 50).
 """
 
 from __future__ import annotations
 
 import torch
 
+from rl_training.models import ModelLoadError
 from rl_training.rollout.base import Rollouts, SamplingSpec, split_completion
+
+# Knobs whose neutral value is None, which transformers replaces by the model's own value: a model that sets
+# one cannot be made to sample the plain policy through `generate`, so the backend refuses it.
+UNNEUTRALISABLE = (
+    "top_h",
+    "sequence_bias",
+    "bad_words_ids",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "watermarking_config",
+)
+
+
+def neutral_generation_config(spec: SamplingSpec, stop_ids: set[int], pad_id: int):
+    """A GenerationConfig that samples softmax(logits / T), top-p optional, and nothing else (greedy: the
+    argmax of the raw logits; the sampling-only warpers are then not applied, whatever their values)."""
+    from transformers import GenerationConfig
+
+    warpers = (
+        {}
+        if spec.greedy
+        else {
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "typical_p": 1.0,
+            "epsilon_cutoff": 0.0,
+            "eta_cutoff": 0.0,
+        }
+    )
+    return GenerationConfig(
+        do_sample=not spec.greedy,
+        **warpers,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        length_penalty=1.0,
+        guidance_scale=1.0,
+        min_new_tokens=0,  # overrides any min_length
+        num_beams=1,
+        num_return_sequences=1,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        max_new_tokens=spec.max_new_tokens,
+        eos_token_id=sorted(stop_ids),
+        pad_token_id=pad_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
 
 
 def stop_token_ids(model, tokenizer) -> set[int]:
@@ -29,6 +88,13 @@ class HFBackend:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
+        gen = getattr(model, "generation_config", None)
+        fixed = [k for k in UNNEUTRALISABLE if getattr(gen, k, None) is not None]
+        if fixed:
+            raise ModelLoadError(
+                f"the model's generation_config sets {', '.join(fixed)}, which transformers' generate would apply "
+                "to HF rollouts (not the trained policy); remove it from generation_config.json or use the vllm backend"
+            )
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[list[int]], spec: SamplingSpec):
@@ -41,17 +107,10 @@ class HFBackend:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
-        sampling = {} if spec.greedy else {"temperature": spec.temperature, "top_p": spec.top_p, "top_k": 0}
         out = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=attn.to(device),
-            do_sample=not spec.greedy,
-            max_new_tokens=spec.max_new_tokens,
-            eos_token_id=sorted(self.stop_ids),
-            pad_token_id=self.pad_id,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **sampling,
+            generation_config=neutral_generation_config(spec, self.stop_ids, self.pad_id),
         )
         new = out.sequences[:, width:]
         # `scores` are the processed logits the sampler drew from (temperature / top-p applied).

@@ -27,7 +27,7 @@ from rl_training import dist
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, derive, resolve_paths, to_yaml
+from rl_training.config import Config, Derived, check_trainable_dtype, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
@@ -113,6 +113,7 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
+    check_trainable_dtype(cfg)
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
     resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
     resolve_paths(cfg)  # local paths saved absolute: evals.run reads the checkpoints' config from anywhere
@@ -193,7 +194,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("score"):
         refs = [run.examples[i].reference for i in idx for _ in range(G)]
         scores = score_completions(run.task, rollouts.texts, refs, cfg.reward.timeout_s)
-        rewards = torch.tensor(scores.rewards, dtype=torch.float32)
+        rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     with timer("train"):
         micro = make_micro_batches(
