@@ -10,6 +10,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -122,32 +124,39 @@ def write_tensorboard(results: Sequence[dict], tb_dir: Path, name: str) -> None:
     """eval/<name>/<metric> scalars at each checkpoint's step, in the training log's directory RUN/tb itself,
     so training and eval curves sit together in one TensorBoard run.
 
-    They go to an event file of their own (suffix `.eval_<name>`), which is deleted and written again from
-    `results`, in step order, on every call: a --redo or a run that adds checkpoints leaves exactly one point
-    per step, and training's event files (no suffix) and other eval names' files are left alone. The tags
-    cannot collide with the in-loop eval's `eval/<metric>` (metric names hold no '/').
+    They go to an event file of their own, `events.out.tfevents.0000000000.eval_<name>`, which is deleted and
+    written again from `results`, in step order, on every call: a --redo or a run that adds checkpoints leaves
+    exactly one point per step, and training's event files and other eval names' files are left alone. The
+    zero timestamp sorts the file before training's: TensorBoard's legacy loader (--load_fast=false, or where
+    the fast one is not built) follows only the last file of a directory, so a later-sorting eval file would
+    freeze a live run's training curves. The tags cannot collide with the in-loop eval's `eval/<metric>`
+    (metric names hold no '/').
     """
     from torch.utils.tensorboard import SummaryWriter
 
     tb_dir.mkdir(parents=True, exist_ok=True)
-    suffix = f".eval_{name}"
-    # torch names the file events.out.tfevents.<time>.<host>.<pid>.<uid><suffix>: matched whole, so that
-    # NAME 'a' does not take the file of NAME 'b.eval_a'.
-    own = re.compile(r"events\.out\.tfevents\.\d+\..+\.\d+\.\d+" + re.escape(suffix))
+    final = tb_dir / f"events.out.tfevents.0000000000.eval_{name}"
+    final.unlink(missing_ok=True)
+    # earlier versions: events.out.tfevents.<time>.<host>.<pid>.<uid>.eval_<name>, matched whole (NAME 'a'
+    # must not take the file of NAME 'b.eval_a'), and a separate run in tb/eval_<name>/ that would show twice
+    own = re.compile(r"events\.out\.tfevents\.\d+\..+\.\d+\.\d+" + re.escape(f".eval_{name}"))
     for old in tb_dir.iterdir():
         if own.fullmatch(old.name):
             old.unlink()
-    legacy = tb_dir / f"eval_{name}"  # where earlier versions wrote a separate run: it would show twice
+    legacy = tb_dir / f"eval_{name}"
     if legacy.is_dir():
         for old in legacy.glob("events.out.tfevents.*"):
             old.unlink()
         if not any(legacy.iterdir()):
             legacy.rmdir()
-    writer = SummaryWriter(str(tb_dir), filename_suffix=suffix)
-    try:
-        for r in sorted(results, key=lambda r: r["step"]):
-            for k, v in r["metrics"].items():
-                writer.add_scalar(f"eval/{name}/{k}", v, r["step"])
-            writer.add_scalar(f"eval/{name}/problems_per_s", r["timing"]["problems_per_s"], r["step"])
-    finally:
-        writer.close()
+    with tempfile.TemporaryDirectory(dir=tb_dir.parent, prefix=".eval_tb_") as tmp:  # outside tb/: not a run
+        writer = SummaryWriter(tmp)
+        try:
+            for r in sorted(results, key=lambda r: r["step"]):
+                for k, v in r["metrics"].items():
+                    writer.add_scalar(f"eval/{name}/{k}", v, r["step"])
+                writer.add_scalar(f"eval/{name}/problems_per_s", r["timing"]["problems_per_s"], r["step"])
+        finally:
+            writer.close()
+        (written,) = Path(tmp).glob("events.out.tfevents.*")
+        shutil.move(str(written), final)

@@ -18,13 +18,13 @@ same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.
 Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
 summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard scalars
-eval/NAME/<metric> in the run's own log RUN/tb (an event file ending in .eval_NAME), next to the training
-curves and the in-loop eval's eval/<metric>. All of these are rebuilt from the step JSON files on every call,
-so each step has exactly one point. A step whose JSON exists with the same settings and the same weights is
-not evaluated again unless --redo; the weights are named by a fingerprint (sha256 of the adapter file; for
-step 0 the base model's path), so a checkpoint rewritten since (a resume from an earlier step retrains step N)
-is evaluated again. A missing or corrupt checkpoint is reported in one line and skipped, the others are
-evaluated, and the exit status is 3.
+eval/NAME/<metric> in the run's own log RUN/tb (its own event file, events.out.tfevents.0000000000.eval_NAME),
+next to the training curves and the in-loop eval's eval/<metric>. All of these are rebuilt from the step JSON
+files on every call, so each step has exactly one point. A step whose JSON exists with the same settings and
+the same weights is not evaluated again unless --redo; the weights are named by a fingerprint (sha256 of the
+adapter file; for step 0 the base model's path), so a checkpoint rewritten since (a resume from an earlier
+step retrains step N) is evaluated again; a JSON saved before fingerprints existed is kept. A missing or
+corrupt checkpoint is reported in one line and skipped, the others are evaluated, and the exit status is 3.
 Bad input: one-line error, exit status 2.
 """
 
@@ -140,7 +140,7 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
             raise CheckpointError(f"{path}: missing {name}")
     try:
         # An empty or truncated config.yaml would otherwise load as the defaults: another base model.
-        cfg = load_config(path / "config.yaml", overrides, required=["model.name_or_path"])
+        cfg = load_config(path / "config.yaml", overrides, required=["model.name_or_path"], training=False)
     except ConfigError as e:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
     # Configs saved before runners wrote absolute paths name them relative to the training directory: read
@@ -278,6 +278,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
         saved = out_dir / f"{step_name(t.step)}.json"
         if a.redo or t.step not in done_weights:
             todo.append(t)
+        elif done_weights[t.step] is None:  # saved before fingerprints were recorded: not evidence of a change
+            print(f"{step_name(t.step)}: already evaluated ({saved}, no weights fingerprint recorded); --redo to redo")
         elif done_weights[t.step] != t.fingerprint:
             print(f"{step_name(t.step)}: the weights differ from those of {saved} (rewritten since?); evaluating again")
             todo.append(t)

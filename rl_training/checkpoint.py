@@ -187,7 +187,12 @@ def resume_changes(path: Path, config_yaml: str) -> list[str]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError) as e:
         raise CheckpointError(f"{path}: unreadable config.yaml ({type(e).__name__})") from None
     now = _flat(yaml.safe_load(config_yaml))
-    changed = sorted(k for k in now.keys() | saved.keys() if k != "ckpt.resume" and now.get(k) != saved.get(k))
+
+    def same(k: str) -> bool:  # peft matches target_modules as a set: order does not change the adapter
+        a, b = now.get(k), saved.get(k)
+        return sorted(a) == sorted(b) if k == "lora.target_modules" and a and b else a == b
+
+    changed = sorted(k for k in now.keys() | saved.keys() if k != "ckpt.resume" and not same(k))
     for k in changed:
         if k in ADAPTER_KEYS:
             raise CheckpointError(

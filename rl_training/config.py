@@ -171,7 +171,8 @@ class LossCfg:
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
     kl_estimator: Literal["k1", "k3"] = _f(
         "k3",
-        "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(k1) grad log pi (that of KL(pi||ref)); "
+        "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(w k1) grad log pi, w = pi/pi_old x the TIS "
+        "weight (that of KL(pi||ref)); "
         "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). README, 'Objectives'.",
     )
     tis_cap: float = _f(
@@ -483,11 +484,16 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
 
 
 def load_config(
-    path: str | os.PathLike | None, overrides: list[str] | None = None, required: Sequence[str] = ()
+    path: str | os.PathLike | None,
+    overrides: list[str] | None = None,
+    required: Sequence[str] = (),
+    training: bool = True,
 ) -> Config:
     """Load YAML (or defaults when path is None), apply `a.b=c` overrides, validate, return a Config.
 
     `required`: dotted keys the file itself must set (a saved config without its model is not all defaults).
+    `training=False` skips the combinations refused only for training (evals read saved configs of runs made
+    before a refusal existed; the policy they hold is evaluated the same way).
     """
     tree: dict = {}
     where = ""
@@ -525,12 +531,12 @@ def load_config(
     cfg = _build(Config, tree, "", where, lines)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
-    if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
+    if training and cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
             "group still has a KL gradient, which dropping it would silently remove; set one of them off"
         )
-    if cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
+    if training and cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
         raise ConfigError(
             f"{where}loss.tis_cap={cfg.loss.tis_cap} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
             "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "

@@ -144,6 +144,13 @@ def test_tis_refused_with_top_p_below_one():
         "loss.tis_cap=0"
     )
     load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=1.0"])
+    # evals read saved configs (training=False): a run made before these refusals existed is still evaluated
+    cfg = load_config(
+        None,
+        ["loss.tis_cap=2.0", "rollout.top_p=0.9", "train.drop_zero_adv_groups=true", "loss.kl_coef=0.05"],
+        training=False,
+    )
+    assert (cfg.loss.tis_cap, cfg.rollout.top_p, cfg.loss.kl_coef) == (2.0, 0.9, 0.05)
     load_config(None, ["loss.tis_cap=0", "rollout.top_p=0.9"])
 
 
@@ -269,3 +276,18 @@ def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
     resolve_paths(cfg)
     assert (cfg.model.name_or_path, cfg.data.train) == ("Qwen/Qwen2.5-1.5B-Instruct", "openai/gsm8k:main@train")
     assert cfg.data.eval == "/abs/heldout.jsonl" and cfg.ckpt.resume == f"{tmp_path}/latest"
+
+
+def test_resume_changes_compares_target_modules_as_a_set(tmp_path):
+    from rl_training.checkpoint import CheckpointError, resume_changes
+
+    saved = load_config(None, ["lora.target_modules=[q_proj,v_proj]", "optim.lr=0.001"])
+    (tmp_path / "config.yaml").write_text(to_yaml(saved))
+    same_set = load_config(None, ["lora.target_modules=[v_proj,q_proj]", "optim.lr=0.001"])
+    assert resume_changes(tmp_path, to_yaml(same_set)) == []  # peft adapts the same modules
+    other_lr = load_config(None, ["lora.target_modules=[q_proj,v_proj]", "optim.lr=0.002"])
+    assert resume_changes(tmp_path, to_yaml(other_lr)) == ["optim.lr: 0.001 -> 0.002"]
+    with pytest.raises(
+        CheckpointError, match=r"saved with lora.target_modules=\['q_proj', 'v_proj'\], now \['q_proj'\]"
+    ):
+        resume_changes(tmp_path, to_yaml(load_config(None, ["lora.target_modules=[q_proj]", "optim.lr=0.001"])))

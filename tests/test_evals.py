@@ -509,6 +509,10 @@ def test_eval_tensorboard_is_rebuilt_in_the_training_log_not_appended(tmp_path):
     assert tb_scalars(tb, "eval/accuracy") == [(5, 0.125)] and tb_scalars(tb, "rollout/reward_mean") == [(5, 0.5)]
     names = sorted(p.name.rsplit(".", 1)[-1] for p in tb.iterdir())  # training's file ends in its uid
     assert len(names) == 3 and names[1:] == ["eval_x", "eval_y"] and names[0].isdigit()
+    # The eval files sort before training's: TensorBoard's legacy loader follows only a directory's last file,
+    # so a live run's training curves keep updating.
+    last = sorted(p.name for p in tb.iterdir())[-1]
+    assert last.rsplit(".", 1)[-1].isdigit() and ".eval_" not in last
 
 
 def test_results_with_relative_paths_match_absolute_settings(tmp_path, monkeypatch):
@@ -659,6 +663,13 @@ def test_evals_run_end_to_end(trained_run, tmp_path, capsys):
         json.loads((out2 / "step_000000.json").read_text())["weights_fingerprint"]
         == f"base:{step1['settings']['base_model']}"
     )
+    # A result saved before fingerprints were recorded is not taken for a rewritten checkpoint: kept, not redone.
+    old = {k: v for k, v in step2.items() if k != "weights_fingerprint"}
+    (out2 / "step_000002.json").write_text(json.dumps(old))
+    mtime = (out2 / "step_000002.json").stat().st_mtime_ns
+    assert evals_run.main(["--run-dir", str(rewritten), "--backend", "hf"]) == 0
+    assert "step_000002: already evaluated" in capsys.readouterr().out
+    assert (out2 / "step_000002.json").stat().st_mtime_ns == mtime
 
     # Broken checkpoints are reported in one line each and skipped; the rest is evaluated; exit status 3.
     broken = tmp_path / "broken"
