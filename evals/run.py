@@ -253,6 +253,8 @@ def evaluate_run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--run-dir {run_dir}: no such run directory")
     if a.name is not None and not _NAME.fullmatch(a.name):  # a path here would let the TB rebuild escape tb/
         raise ConfigError(f"--name {a.name!r}: use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)")
+    if a.name is not None:
+        check_name_free(a.name)
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")
@@ -264,6 +266,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
     es = EvalSettings.from_config(cfg)
     settings = eval_settings(cfg, es, len(examples))
     name = a.name or dataset_tag(cfg.data.eval)
+    check_name_free(name)
     out_dir = run_dir / "eval" / name
     done, other = load_results(out_dir, settings)
     if other and not a.redo:
@@ -296,6 +299,12 @@ def evaluate_run(a: argparse.Namespace) -> int:
         if cfg.run.tensorboard:
             write_tensorboard(results, run_dir / "tb", name)
     return EXIT_SKIPPED if n_skipped else 0
+
+
+def check_name_free(name: str) -> None:
+    """RUN/eval/inloop belongs to the in-loop eval (evals.evaluate.InLoopEval): evals.run must not mix into it."""
+    if name == "inloop":
+        raise ConfigError("--name 'inloop' is the in-loop eval's folder RUN/eval/inloop; pass another --name")
 
 
 def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):

@@ -581,6 +581,10 @@ def test_eval_name_cannot_be_a_path(tmp_path, capsys):
         capsys.readouterr().err
         == "error: --name '../..': use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)\n"
     )
+    assert evals_run.main(["--run-dir", str(tmp_path), "--name", "inloop"]) == 2  # the in-loop eval's folder
+    assert capsys.readouterr().err == (
+        "error: --name 'inloop' is the in-loop eval's folder RUN/eval/inloop; pass another --name\n"
+    )
 
 
 @pytest.mark.slow
