@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -137,13 +136,7 @@ def write_tensorboard(results: Sequence[dict], tb_dir: Path, name: str) -> None:
     tb_dir.mkdir(parents=True, exist_ok=True)
     final = tb_dir / f"events.out.tfevents.0000000000.eval_{name}"
     final.unlink(missing_ok=True)
-    # earlier versions: events.out.tfevents.<time>.<host>.<pid>.<uid>.eval_<name>, matched whole (NAME 'a'
-    # must not take the file of NAME 'b.eval_a'), and a separate run in tb/eval_<name>/ that would show twice
-    own = re.compile(r"events\.out\.tfevents\.\d+\..+\.\d+\.\d+" + re.escape(f".eval_{name}"))
-    for old in tb_dir.iterdir():
-        if own.fullmatch(old.name):
-            old.unlink()
-    legacy = tb_dir / f"eval_{name}"
+    legacy = tb_dir / f"eval_{name}"  # where earlier versions wrote a separate run: it would show twice
     if legacy.is_dir():
         for old in legacy.glob("events.out.tfevents.*"):
             old.unlink()

@@ -259,7 +259,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
     if info.world_size > 1:
         raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")
     overrides = cli_overrides(a)
-    load_config(None, overrides)  # bad flags or overrides fail here, once, not as N skipped checkpoints
+    load_config(None, overrides, training=False)  # bad flags or overrides fail here, once, not as N skipped checkpoints
     usable, skipped, cfg = usable_targets(run_dir, a.steps, not a.no_base, overrides)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     examples, prompts = load_eval_set(cfg, tokenizer)

@@ -531,6 +531,8 @@ def load_config(
     cfg = _build(Config, tree, "", where, lines)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
+    if training:
+        check_trainable_dtype(cfg)
     if training and cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
@@ -571,7 +573,7 @@ def check_sync_target(remote: str, bucket: str, path: str, where: str = "") -> N
 
 def check_trainable_dtype(cfg: Config) -> None:
     """The RL and SFT runners train without a GradScaler, so float16 gradients would underflow: refuse it
-    (evals may still run in float16)."""
+    (load_config with training=True; evals load with training=False and may run in float16)."""
     if cfg.model.dtype == "float16":
         raise ConfigError(
             "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow "

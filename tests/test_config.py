@@ -155,11 +155,11 @@ def test_tis_refused_with_top_p_below_one():
 
 
 def test_training_refuses_float16(capsys):
-    # No GradScaler: the RL and SFT runners refuse float16 before loading anything; loading the config (evals)
-    # still accepts it.
+    # No GradScaler: loading a config for training (the RL and SFT runners) refuses float16 before anything is
+    # built; loading it for evals (training=False) still accepts it.
     from rl_training.runners import rl_runner, sft_runner
 
-    cfg = load_config(None, ["model.dtype=float16"])
+    cfg = load_config(None, ["model.dtype=float16"], training=False)
     message = (
         "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow to 0); "
         "use bfloat16 or float32"

@@ -101,3 +101,16 @@ def test_changed_beta_keeps_the_configured_beta_and_restarts_the_ema(capsys):
     same_beta, _ = make_probes(beta=0.8)
     same_beta.load_state_dict(saved)
     assert capsys.readouterr().out == "" and same_beta.tracker.levels["micro"].t == 5
+
+
+def test_old_gns_only_state_restores_the_emas():
+    # Checkpoints written before the probe state held more than the GNS EMAs have {"gns": ...} only: those
+    # EMAs are restored (the same level state as the full load), the rest starts fresh.
+    probes, p = make_probes()
+    for s in range(5):
+        synthetic_step(probes, p, s)
+    saved = json.loads(json.dumps(probes.state_dict()))
+    old, _ = make_probes()
+    old.load_state_dict({"gns": saved["gns"]})
+    assert vars(old.tracker.levels["micro"]) == vars(probes.tracker.levels["micro"])
+    assert list(old.ess_history) == [] and old.invalid_streak == 0

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as tdist
 
 from rl_training import dist
+from rl_training.algs.dr_grpo import zero_adv_groups
 from rl_training.probes import ess as E
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
@@ -91,7 +92,7 @@ class StepProbes:
         self.G = group_size
         self.n_local = len(completion_lengths) // group_size
         self.lengths = completion_lengths
-        zero = (advantages.detach().cpu().view(-1, group_size) == 0).all(dim=1)
+        zero = zero_adv_groups(advantages.detach().cpu(), group_size)
         self.group_stats = {"groups.n": float(self.n_local), "groups.zero": float(zero.sum().item())}
         self.group_stats["len.sum"] = float(sum(completion_lengths))
         self.seen_groups: set[int] = set()
@@ -227,13 +228,16 @@ class StepProbes:
 
     def load_state_dict(self, d: dict) -> None:
         """Continue from `state_dict()`. A checkpoint saved with another gns_ema_beta: the configured beta wins
-        and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning."""
+        and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning.
+        Checkpoints from before the probe state held more than the GNS EMAs ({"gns": ...} only) restore those."""
         saved_beta = d["gns"]["beta"]
         if not self.tracker.load_state_dict(d["gns"]):
             dist.print0(
                 f"probe: checkpoint has probe.gns_ema_beta={saved_beta}, config has {self.tracker.beta}; "
                 "keeping the configured beta and restarting the GNS EMAs (B_simple warms up again)"
             )
+        if "rec_simple" not in d:
+            return
         for name in ("rec_simple", "rec_star"):
             h = getattr(self, name)
             h.value, h.since = d[name]["value"], d[name]["since"]

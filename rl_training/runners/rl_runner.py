@@ -27,7 +27,7 @@ from rl_training import dist
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, check_trainable_dtype, derive, resolve_paths, to_yaml
+from rl_training.config import Config, Derived, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
@@ -104,16 +104,13 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
     )
-    if resumed.get("probes"):
-        probes.load_state_dict(resumed["probes"])
-    elif resumed.get("gns"):  # checkpoints before the probe state held more than the GNS EMAs
-        if not probes.tracker.load_state_dict(resumed["gns"]):
-            dist.print0("probe: checkpoint has another probe.gns_ema_beta; restarting the GNS EMAs")
+    state = resumed.get("probes") or ({"gns": resumed["gns"]} if resumed.get("gns") else None)  # older: gns only
+    if state:
+        probes.load_state_dict(state)
     return probes
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
-    check_trainable_dtype(cfg)
     cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
     resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
     resolve_paths(cfg)  # local paths saved absolute: evals.run reads the checkpoints' config from anywhere

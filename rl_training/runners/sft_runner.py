@@ -21,7 +21,7 @@ import torch
 
 from rl_training import dist
 from rl_training.cli import run_cli
-from rl_training.config import ConfigError, check_trainable_dtype, derive, resolve_paths, to_yaml
+from rl_training.config import ConfigError, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.metrics import MetricsLogger, peak_memory
@@ -61,7 +61,6 @@ def save_final_model(model, tokenizer, out_dir, merge: bool) -> None:
 
 
 def sft(cfg, info) -> None:
-    check_trainable_dtype(cfg)
     resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
     d = derive(cfg, info.world_size)
     s = cfg.sft
