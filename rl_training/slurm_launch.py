@@ -6,7 +6,9 @@ What it does on each node, in this order:
 1. Blocks SIGUSR1/SIGUSR2. SLURM delivers the time-limit signal to every process of the job step, and
    torchrun's agent would die on it (default action) and orphan its workers. The workers inherit the
    blocked mask: a signal that reaches a worker before its handler exists stays pending until
-   rl_training/stopping.py installs the handler and unblocks it (ignoring it would lose it).
+   rl_training/stopping.py installs the handler and unblocks it (ignoring it would lose it). A signal that
+   reaches the node before torchrun has started the workers would reach no worker at all: a launcher thread
+   (`watch_stop_signal`) takes it and writes the file RL_STOP_FILE, which the workers poll every step.
 2. Builds the workers' environment from an allow-list (ALLOW_EXACT, ALLOW_PREFIXES, plus RL_WORKER_ENV) instead
    of passing on the whole SLURM environment; only the names are printed, never the values. The runner's
    arguments are printed with credential-like values redacted (see `redact`): the log is slurm-%j.out.
@@ -30,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 STOPPED_EXIT_CODE = 75  # rl_training.stopping.STOPPED_EXIT_CODE (not imported: that module imports torch)
@@ -165,6 +168,8 @@ def main(argv=None) -> int:
         wenv["OMP_NUM_THREADS"] = str(max(1, int(env.get("SLURM_CPUS_PER_TASK", "1") or 1) // nproc))
     local = Path(env.get("RL_NODE_LOCAL_ROOT", "/tmp")) / f"rl-{job}-{node}"  # per node: fake nodes share /tmp
     wenv.update(node_local_env(env, local))
+    stop_file = local / "stop_requested"
+    wenv["RL_STOP_FILE"] = str(stop_file)
 
     targs = torchrun_args(nnodes, nproc, env["RL_RDZV_ENDPOINT"], job, node_id == 0, entry)
     print(
@@ -176,11 +181,25 @@ def main(argv=None) -> int:
     # torchrun copies this process's environment into every worker: replace it with the filtered one.
     os.environ.clear()
     os.environ.update(wenv)
+    done = threading.Event()
+    watcher = threading.Thread(target=watch_stop_signal, args=(stop_file, done), daemon=True)
+    watcher.start()
     try:
         return run_torchrun([*targs, *args])
     finally:
+        done.set()
+        watcher.join()
         if env.get("RL_KEEP_NODE_LOCAL") != "1":
             shutil.rmtree(local, ignore_errors=True)
+
+
+def watch_stop_signal(path: Path, done: threading.Event) -> None:
+    """Launcher thread: the first SIGUSR1/SIGUSR2 that reaches this process (blocked in every thread, so it
+    waits here) becomes the file `path`; the workers' StopOnSignal counts it as the signal. Until `done`."""
+    while not done.is_set():
+        if signal.sigtimedwait({signal.SIGUSR1, signal.SIGUSR2}, 0.5) is not None:
+            path.touch()
+            return
 
 
 def run_torchrun(argv: list[str]) -> int:

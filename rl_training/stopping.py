@@ -5,11 +5,14 @@ reached any one rank stops every rank at the same step: no rank leaves a collect
 then checkpoints and exits with STOPPED_EXIT_CODE, and a chained job resumes with `ckpt.resume=latest`.
 
 Under SLURM the workers start with the signal blocked (rl_training/slurm_launch.py): one that arrives
-while they are still importing stays pending and is delivered here, the moment the handler is in place.
+while they are still importing stays pending and is delivered here, the moment the handler is in place. One
+that arrives before the workers exist reaches only the launcher, which turns it into the file named by
+RL_STOP_FILE; `agreed` counts that file as the signal.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -28,6 +31,7 @@ class StopOnSignal:
         self.name = name
         self.signum = None if name == "none" else signal.Signals[name]
         self.received = False
+        self.stop_file = os.environ.get("RL_STOP_FILE")  # the launcher's record of a signal (slurm_launch)
         self._previous = None
         self._was_blocked = False
 
@@ -50,6 +54,8 @@ class StopOnSignal:
         self.received = True
 
     def agreed(self, device: torch.device) -> bool:
-        """Collective: True on every rank if the signal reached any rank."""
+        """Collective: True on every rank if the signal reached any rank (or its node's launcher)."""
+        if self.stop_file and not self.received and os.path.exists(self.stop_file):
+            self.received = True
         flag = torch.tensor([1.0 if self.received else 0.0], device=device)
         return bool(dist.all_reduce_(flag, "max").item() > 0)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from rl_training import slurm_launch
 from rl_training.checkpoint import list_checkpoints
@@ -221,6 +222,33 @@ def test_a_signal_that_arrived_before_the_handler_is_not_lost():
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_a_signal_before_the_workers_exist_reaches_them_through_the_stop_file(tmp_path, monkeypatch):
+    """A stop signal that reaches the node while torchrun has not yet started the workers finds only the
+    launcher: its watcher thread turns it into RL_STOP_FILE, which a worker's StopOnSignal counts."""
+    stop_file = tmp_path / "stop_requested"
+    child = (
+        "import os, signal, threading, sys\n"
+        "from pathlib import Path\n"
+        "from rl_training.slurm_launch import watch_stop_signal\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})  # as main() does first\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)  # before the watcher exists: pending, not lost\n"
+        "done = threading.Event()\n"
+        "t = threading.Thread(target=watch_stop_signal, args=(Path(sys.argv[1]), done))\n"
+        "t.start(); t.join(10)\n"
+        "sys.exit(0 if not t.is_alive() else 3)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", child, str(stop_file)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert stop_file.is_file()
+
+    monkeypatch.setenv("RL_STOP_FILE", str(tmp_path / "absent"))
+    with StopOnSignal("SIGUSR1") as stop:
+        assert not stop.agreed(torch.device("cpu"))
+    monkeypatch.setenv("RL_STOP_FILE", str(stop_file))
+    with StopOnSignal("SIGUSR1") as stop:
+        assert stop.agreed(torch.device("cpu")) and stop.received
 
 
 def test_batch_script_survives_a_stop_signal_before_the_job_step(tmp_path):
