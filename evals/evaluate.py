@@ -94,11 +94,10 @@ def evaluate_policy(
                 spec = SamplingSpec(s.num_samples, s.max_new_tokens, s.temperature, s.top_p, seed=seed)
                 sampled = backend.generate(batch, spec)
         with timer("score"):
-            refs = [ex.reference for ex in exs]
-            g_scores = score_completions(task, greedy.texts, refs, s.timeout_s)
+            g_scores = score_completions(task, greedy.texts, exs, s.timeout_s)
             if sampled is not None:
                 n = s.num_samples
-                s_scores = score_completions(task, sampled.texts, [r for r in refs for _ in range(n)], s.timeout_s)
+                s_scores = score_completions(task, sampled.texts, [ex for ex in exs for _ in range(n)], s.timeout_s)
         gen_tokens += sum(map(len, greedy.completion_ids)) + (sum(map(len, sampled.completion_ids)) if sampled else 0)
         for i, ex in enumerate(exs):
             samples = []

@@ -82,6 +82,9 @@ def step_metrics(
             "grad_norm": stats.grad_norm,
             "is_ratio": stats.is_ratio_sum,
             "is_trunc": stats.is_truncated,
+            # the task's own reward parts and counters (the same names on every rank: Task.part_names)
+            **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
+            **{f"count_{k}": v for k, v in scores.counts.items()},
         },
         device,
     )
@@ -127,6 +130,8 @@ def step_metrics(
         "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
         "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
     }
+    out.update({f"reward/{k}_mean": sums[f"part_{k}"] / n for k in scores.parts})
+    out.update({f"reward/{k}": sums[f"count_{k}"] for k in scores.counts})
     out.update({f"perf/{k}_s": maxes[f"t_{k}"] for k in timer.seconds})
     out.update({k: v for k, v in maxes.items() if k.startswith("mem/")})
     return out

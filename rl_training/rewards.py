@@ -28,9 +28,9 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rl_training.data.sources import last_boxed
+from rl_training.data.sources import Example, last_boxed
 
 RewardFn = Callable[[str, str], float]
 
@@ -145,15 +145,41 @@ def math_answer_classes(completions: Sequence[str], timeout_s: float = 5.0) -> l
     return out
 
 
+@dataclass
+class Scores:
+    """A batch's grades, in completion order. `parts` and `counts` carry what a task knows beyond one reward
+    (the metrics logger writes them as reward/<name>_mean and reward/<name>; samples keep the parts)."""
+
+    rewards: list[float]
+    correct: list[bool]
+    formatted: list[bool]
+    errors: int  # reward function raised (scored 0)
+    timeouts: int  # reward function exceeded its limit (scored 0)
+    invalid: int  # returned a non-finite or non-numeric value (scored 0)
+    parts: dict[str, list[float]] = field(default_factory=dict)  # [name][N] reward components per completion
+    counts: dict[str, float] = field(default_factory=dict)  # per-batch counters (e.g. failure classes)
+
+
+# Scores a whole batch at once, for graders that are cheaper or only safe that way (a sandbox pool running
+# programs in parallel, a grader with per-batch state): (completions, examples, timeout_s) -> Scores.
+BatchScorer = Callable[[Sequence[str], Sequence[Example], float], Scores]
+
+
 @dataclass(frozen=True)
 class Task:
     """What a data format means for scoring: the reward, the format check, 'correct', and which sampled
-    answers count as the same vote (maj@k)."""
+    answers count as the same vote (maj@k). A task with a `batch_scorer` is graded by it, one call per batch;
+    `reward` then still grades a single completion (evals' per-sample tools)."""
 
     reward: RewardFn
     has_answer: Callable[[str], bool]
     correct_threshold: float = 1.0  # reward >= this counts as correct (accuracy)
     answer_classes: AnswerClassesFn = exact_answer_classes
+    batch_scorer: BatchScorer | None = None
+    # The names of the batch scorer's `parts` and `counts`: fixed per task, so every rank logs (and reduces)
+    # the same keys whatever one rank's batch did; a name the scorer leaves out reads 0.
+    part_names: tuple[str, ...] = ()
+    count_names: tuple[str, ...] = ()
 
 
 TASKS: dict[str, Task] = {
@@ -201,20 +227,16 @@ def _guarded(fn: Callable, timeout_s: float, default):
         return default
 
 
-@dataclass
-class Scores:
-    rewards: list[float]
-    correct: list[bool]
-    formatted: list[bool]
-    errors: int  # reward function raised (scored 0)
-    timeouts: int  # reward function exceeded its limit (scored 0)
-    invalid: int  # returned a non-finite or non-numeric value (scored 0)
-
-
-def score_completions(task: Task, completions: Sequence[str], references: Sequence[str], timeout_s: float) -> Scores:
+def score_completions(task: Task, completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
+    """Grade completions[i] against examples[i]. Never raises for what a grader does: a raise, a time-out or a
+    non-finite value scores 0 and is counted."""
+    if len(completions) != len(examples):
+        raise ValueError(f"score_completions: {len(completions)} completions for {len(examples)} examples")
+    if task.batch_scorer is not None:
+        return _score_batch(task, completions, examples, timeout_s)
     rewards, correct, formatted = [], [], []
     errors = timeouts = invalid = 0
-    for c, ref in zip(completions, references, strict=True):
+    for c, ref in zip(completions, (ex.reference for ex in examples), strict=True):
         r, out = 0.0, _NO_RESULT
         try:
             with _time_limit(timeout_s):
@@ -234,3 +256,38 @@ def score_completions(task: Task, completions: Sequence[str], references: Sequen
         correct.append(r >= task.correct_threshold)
         formatted.append(bool(_guarded(lambda c=c: task.has_answer(c), timeout_s, False)))  # raising = unformatted
     return Scores(rewards, correct, formatted, errors, timeouts, invalid)
+
+
+def _score_batch(task: Task, completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
+    """A batch scorer's Scores, checked: a raise scores the whole batch 0 (counted as errors); rewards that are
+    not finite numbers score 0 (counted as invalid). Its own time limits are its business (a sandbox enforces
+    per-program deadlines), so no alarm wraps the call."""
+    n = len(completions)
+    try:
+        s = task.batch_scorer(completions, examples, timeout_s)
+        if len(s.rewards) != n:
+            raise ValueError(f"batch scorer returned {len(s.rewards)} rewards for {n} completions")
+    except Exception:  # noqa: BLE001 -- like a per-completion reward: a grader failure scores 0, never stops
+        return Scores(
+            [0.0] * n,
+            [False] * n,
+            [False] * n,
+            errors=n,
+            timeouts=0,
+            invalid=0,
+            parts={k: [0.0] * n for k in task.part_names},
+            counts=dict.fromkeys(task.count_names, 0.0),
+        )
+    rewards, invalid = [], s.invalid
+    for out in s.rewards:
+        try:
+            r = float(out)
+        except (TypeError, ValueError):
+            r = float("nan")
+        if not math.isfinite(r):
+            invalid, r = invalid + 1, 0.0
+        rewards.append(r)
+    correct = [r >= task.correct_threshold for r in rewards]
+    parts = {k: [float(x) for x in s.parts.get(k, [0.0] * n)] for k in task.part_names}
+    counts = {k: float(s.counts.get(k, 0.0)) for k in task.count_names}
+    return Scores(rewards, correct, list(s.formatted), s.errors, s.timeouts, invalid, parts, counts)

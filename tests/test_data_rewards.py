@@ -8,8 +8,10 @@ import time
 import pytest
 
 from rl_training.data.prompts import PromptSampler, render_prompt
-from rl_training.data.sources import DataError, last_boxed, load_examples
-from rl_training.rewards import TASKS, Task, math_reward, reverse_reward, score_completions
+from rl_training.data.sources import DataError, Example, last_boxed, load_examples
+from rl_training.rewards import TASKS, Scores, Task, math_reward, reverse_reward, score_completions
+
+EX = Example("q", "r", "r", "t:1")
 
 
 def write_jsonl(path, rows):
@@ -182,14 +184,50 @@ def test_failing_reward_functions_score_zero_and_are_counted():
 
     task = Task(flaky, lambda c: True, correct_threshold=0.5)
     t0 = time.perf_counter()
-    s = score_completions(task, ["ok", "raise", "slow", "nan", "str", "ok"], ["r"] * 6, timeout_s=0.2)
+    s = score_completions(task, ["ok", "raise", "slow", "nan", "str", "ok"], [EX] * 6, timeout_s=0.2)
     assert time.perf_counter() - t0 < 2.0  # the slow call was cut at its 0.2 s limit
     assert s.rewards == [0.75, 0.0, 0.0, 0.0, 0.0, 0.75]
     assert (s.errors, s.timeouts, s.invalid) == (1, 1, 2)
     assert s.correct == [True, False, False, False, False, True]
     # A format check that raises counts the completion as unformatted and never stops the run either.
     fussy = Task(lambda c, r: 1.0, lambda c: c.startswith("ok") or 1 / 0, correct_threshold=0.5)
-    assert score_completions(fussy, ["ok", "bad"], ["r", "r"], timeout_s=0.2).formatted == [True, False]
+    assert score_completions(fussy, ["ok", "bad"], [EX, EX], timeout_s=0.2).formatted == [True, False]
+
+
+def test_batch_scorer_grades_the_batch_once_and_is_checked():
+    calls = []
+
+    def scorer(completions, examples, timeout_s):
+        calls.append(len(completions))
+        if completions[0] == "raise":
+            raise RuntimeError("pool died")
+        n = len(completions)
+        rewards = [1.0, float("nan"), 0.25][:n]
+        # 'extra' is not a declared part: dropped; 'pass_frac' declared: kept; 'fail_timeout' missing: 0
+        parts = {"pass_frac": [1.0, 0.5, 0.25][:n], "extra": [9.0] * n}
+        return Scores(rewards, [False] * n, [True] * n, 0, 1, 0, parts, {"fail_syntax": 2})
+
+    task = Task(
+        lambda c, r: 0.0,
+        lambda c: True,
+        batch_scorer=scorer,
+        part_names=("pass_frac",),
+        count_names=("fail_syntax", "fail_timeout"),
+    )
+    exs = [Example("q", "r", "r", "t:1", meta={"tests": ["assert f(1) == 1"]})] * 3
+    s = score_completions(task, ["a", "b", "c"], exs, timeout_s=1.0)
+    assert calls == [3]  # one call for the batch
+    assert s.rewards == [1.0, 0.0, 0.25] and s.invalid == 1 and s.timeouts == 1  # nan -> 0, counted
+    assert s.correct == [True, False, False]  # the task's threshold (1.0), not the scorer's verdicts
+    assert s.parts == {"pass_frac": [1.0, 0.5, 0.25]}
+    assert s.counts == {"fail_syntax": 2.0, "fail_timeout": 0.0}
+    # A raising scorer: every completion 0 and counted, with the declared names still present (zeros), so
+    # every rank reduces the same metric keys.
+    s = score_completions(task, ["raise", "b"], exs[:2], timeout_s=1.0)
+    assert s.rewards == [0.0, 0.0] and s.errors == 2
+    assert s.parts == {"pass_frac": [0.0, 0.0]} and s.counts == {"fail_syntax": 0.0, "fail_timeout": 0.0}
+    with pytest.raises(ValueError, match="3 completions for 2 examples"):
+        score_completions(task, ["a", "b", "c"], exs[:2], timeout_s=1.0)
 
 
 def test_tasks_share_one_grader_table():

@@ -336,10 +336,10 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
         graded = {}
         real_score = rl_runner.score_completions
 
-        def recording_score(task, texts, refs, timeout_s):
-            s = real_score(task, texts, refs, timeout_s)
-            for t, r, *v in zip(texts, refs, s.rewards, s.correct, s.formatted, strict=True):
-                graded[(t, r)] = tuple(v)
+        def recording_score(task, texts, examples, timeout_s):
+            s = real_score(task, texts, examples, timeout_s)
+            for t, ex, *v in zip(texts, examples, s.rewards, s.correct, s.formatted, strict=True):
+                graded[(t, ex.reference)] = tuple(v)
             return s
 
         monkeypatch.setattr(rl_runner, "score_completions", recording_score)

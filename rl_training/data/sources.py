@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class DataError(ValueError):
@@ -31,6 +32,9 @@ class Example:
     reference: str  # normalised final answer the reward compares against
     solution: str  # the full answer field (SFT target text)
     source: str  # "file:line" or "dataset@split:row", for error messages and per-problem eval files
+    # Structured data a task's grader needs beyond one reference string (a code task's tests and entry
+    # point, a search task's list of golden answers); JSON-serialisable, empty for single-answer tasks.
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")

@@ -189,8 +189,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("generate"):
         rollouts = run.backend.generate([run.prompts[i] for i in idx], spec)
     with timer("score"):
-        refs = [run.examples[i].reference for i in idx for _ in range(G)]
-        scores = score_completions(run.task, rollouts.texts, refs, cfg.reward.timeout_s)
+        examples = [run.examples[i] for i in idx for _ in range(G)]
+        scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
         rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     with timer("train"):
