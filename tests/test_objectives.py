@@ -266,6 +266,19 @@ def test_equal_float32_rewards_give_exactly_zero_advantages(name):
     scores = Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
     m = step_metrics(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
     assert m["rollout/zero_adv_group_frac"] == 0.5
+    assert not any(k.startswith("reward/") for k in m)  # a task without parts or counts logs none
+
+
+def test_task_reward_parts_and_counts_are_logged():
+    # 4 completions with pass fractions 1, 0.5, 0, 0.5 -> reward/pass_frac_mean = 2/4 = 0.5; the counter is a
+    # per-step sum (1 rank here): reward/fail_timeout = 3.
+    cpu = torch.device("cpu")
+    ro = fake_rollouts(2)  # 4 sequences (G = 2)
+    adv = torch.zeros(4, dtype=torch.float64)
+    scores = Scores([1.0, 0.0, 0.0, 0.0], [True] + [False] * 3, [True] * 4, 0, 0, 0)
+    scores.parts, scores.counts = {"pass_frac": [1.0, 0.5, 0.0, 0.5]}, {"fail_timeout": 3.0}
+    m = step_metrics(ro, scores, adv, 2, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
+    assert m["reward/pass_frac_mean"] == 0.5 and m["reward/fail_timeout"] == 3.0
 
 
 # ---------------------------------------------------------------------------------- gradient identities
