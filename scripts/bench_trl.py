@@ -1,0 +1,432 @@
+"""Side by side with TRL's GRPOTrainer on the same work, plus the floor (the work itself, no trainer): one table.
+
+    make bench-trl                                    # sets up .venv-trl (TRL, optional) and runs this
+    .venv-trl/bin/python scripts/bench_trl.py [--steps 20 --block 5 --warmup 3] [--points short,long]
+        [--contenders trl,ours-vllm,ours-hf,ours-hf-noprobe,floor] [--out bench_results/bench_trl.json]
+
+The work (issue 21): Dr-GRPO (TRL: loss_type="dr_grpo", scale_rewards="none", beta=0), LoRA r=8 alpha=16
+dropout 0 on q,k,v,o,gate,up,down, AdamW lr 1e-4 constant, grad-norm clip 1.0, 16 prompts x 8 completions per
+step, temperature 1, top_p 1, one update per batch, no gradient checkpointing, float32, 2 torch threads, on the
+project's tiny 4-layer hidden-128 Qwen2 (byte tokenizer) after an SFT warm start. Two points:
+- short: two-digit addition ('37+48=' -> '85', completions of ~3 tokens), at most 16 new tokens;
+- long: reversing 24-40 letter strings (completions of ~30 tokens), at most 48 new tokens.
+The reward is the same function for every contender (rewards.reverse_reward: matching positions).
+
+Each contender is its own long-lived process (so its peak RSS is its own and no engine shares a process), built
+once; the script tells them in turn to run `--block` steps, so the machine's noise hits all of them alike, and
+takes the median step time of the `--steps` timed steps after `--warmup`. The floor is the same generation
+(HF generate) plus one forward/backward/AdamW step in plain transformers + peft: how close each trainer is to
+the work itself. Writes the table and JSON (bench_results/bench_trl.json by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+POINTS = {"short": {"task": "add", "max_new": 16}, "long": {"task": "reverse_long", "max_new": 48}}
+PROMPTS, GROUP = 16, 8
+
+
+# ----------------------------------------------------------------------------------------- preparation
+def task_rows(task: str, n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    if task == "add":
+        return [{"question": f"{a}+{b}", "answer": str(a + b)} for a in range(10, 100) for b in range(10, 100)]
+    rows = []
+    for _ in range(n):
+        s = "".join(rng.choice("abcdefghij") for _ in range(rng.randint(24, 40)))
+        rows.append({"question": s, "answer": s[::-1]})
+    return rows
+
+
+def prepare(work: Path, task: str) -> tuple[Path, Path]:
+    """(SFT-warmed model dir, train jsonl) for a task; built once and kept under `work`."""
+    from rl_training.runners import sft_runner
+    from rl_training.tiny_model import make_tiny_model
+
+    d = work / task
+    model, data = d / "sft" / "warm" / "final_model", d / "train.jsonl"
+    if (model / "config.json").exists() and data.exists():
+        return model, data
+    d.mkdir(parents=True, exist_ok=True)
+    rows = task_rows(task, 4000)
+    random.Random(1).shuffle(rows)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = make_tiny_model(d / "base", seed=0)
+    over = [
+        f"model.name_or_path={base}",
+        f"data.train={data}",
+        f"data.eval={data}",
+        f"run.output_dir={d / 'sft'}",
+        "run.name=warm",
+        "run.progress_bar=false",
+        "sft.steps=150",
+        "data.max_prompt_tokens=64",
+    ]
+    assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *over]) == 0
+    return model, data
+
+
+# --------------------------------------------------------------------------------------------- workers
+# Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
+def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path):
+    from rl_training import dist
+    from rl_training.config import load_config
+    from rl_training.runners.rl_runner import rl_step, setup
+
+    over = [
+        f"model.name_or_path={model}",
+        f"data.train={data}",
+        f"data.eval={data}",
+        "data.format=reverse",
+        "data.max_prompt_tokens=64",
+        f"rollout.backend={backend}",
+        f"rollout.prompts_per_step={PROMPTS}",
+        f"rollout.group_size={GROUP}",
+        f"rollout.max_new_tokens={max_new}",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        "lora.r=8",
+        "lora.alpha=16",
+        "lora.dropout=0.0",
+        f"lora.target_modules=[{','.join(TARGETS)}]",
+        "optim.lr=1e-4",
+        "optim.schedule=constant",
+        "optim.warmup_steps=0",
+        "optim.max_grad_norm=1.0",
+        f"train.micro_batch_groups={PROMPTS}",
+        "train.total_steps=100000",
+        f"probe.enabled={str(probes).lower()}",
+        "vllm.kv_cache_gb=0.25",
+        "eval.every=0",
+        f"run.output_dir={out}",
+        f"run.name=ours_{backend}_{int(probes)}",
+        "run.tensorboard=false",
+        "run.progress_bar=false",
+    ]
+    run = setup(load_config(None, over), dist.init_distributed())
+    state = {"step": 0}
+
+    def step():
+        t0 = time.perf_counter()
+        m = rl_step(run, state["step"])
+        dt = time.perf_counter() - t0
+        state["step"] += 1
+        phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k != "perf/step_s"}
+        return dt, m["rollout/response_len_mean"] * PROMPTS * GROUP, phases
+
+    return step
+
+
+def floor(model_dir: Path, data: Path, max_new: int):
+    """Generation + one forward/backward/AdamW step over the same batch in plain transformers + peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS),
+    )
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    gen = GenerationConfig(
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id
+    )
+    gen.eos_token_id = tok.eos_token_id
+    state = {"i": 0}
+
+    def step():
+        t0 = time.perf_counter()
+        batch = rows[state["i"] : state["i"] + PROMPTS]
+        state["i"] = (state["i"] + PROMPTS) % (len(rows) - PROMPTS)
+        enc = tok([r["question"] + "=" for r in batch], return_tensors="pt", padding=True, padding_side="left")
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(**enc, generation_config=gen, num_return_sequences=GROUP)
+        plen = enc.input_ids.shape[1]
+        comp = out[:, plen:]
+        done = (comp == tok.eos_token_id).cumsum(1)
+        keep = (done == 0) | ((done == 1) & (comp == tok.eos_token_id))  # up to and including the first EOS
+        mask = torch.cat([enc.attention_mask.repeat_interleave(GROUP, 0), keep.long()], 1)
+        model.train()
+        logits = model(input_ids=out, attention_mask=mask).logits[:, plen - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
+        adv = torch.randn(comp.shape[0], 1)
+        loss = -(adv * logp * keep).sum() / (comp.shape[0] * max_new)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return time.perf_counter() - t0, float(keep.sum()), {}
+
+    return step
+
+
+def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, reply):
+    """TRL's own loop, paused by a callback every `block` steps to take the next command."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rl_training.rewards import reverse_reward
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    ds = Dataset.from_list([{"prompt": r["question"] + "=", "reference": r["answer"]} for r in rows])
+    tokens = {"n": 0.0}
+
+    def reward(prompts, completions, reference, completion_ids=None, **kw):
+        tokens["n"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0.0
+        return [reverse_reward(c, r) for c, r in zip(completions, reference, strict=True)]
+
+    class Pause(TrainerCallback):
+        def __init__(self):
+            self.todo, self.times, self.t0 = 0, [], 0.0
+
+        def _next(self, control):
+            reply({"steps": self.times, "tokens": tokens["n"]})
+            self.times, tokens["n"] = [], 0.0
+            cmd = commands()
+            if cmd is None:
+                control.should_training_stop = True
+            else:
+                self.todo = cmd
+
+        def on_train_begin(self, args, state, control, **kw):
+            cmd = commands()
+            self.todo = cmd or 0
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+            self.todo -= 1
+            if self.todo <= 0:
+                self._next(control)
+
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP,
+        max_completion_length=max_new,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        learning_rate=1e-4,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        num_iterations=1,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        max_steps=100000,
+        seed=0,
+        remove_unused_columns=False,
+        disable_dropout=True,
+    )
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS),
+        callbacks=[Pause()],
+    )
+    trainer.train()
+
+
+def worker_main(name: str, point: str, work: Path) -> None:
+    """Serve commands on stdin ('run K' / 'quit'); answer each with one JSON line on stdout."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(2)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # libraries' prints must not corrupt the protocol
+    spec = POINTS[point]
+    model, data = prepare(work, spec["task"])
+    out = work / "runs" / f"{name}_{point}"
+
+    def reply(obj: dict) -> None:
+        obj["rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        real_stdout.write(json.dumps(obj) + "\n")
+        real_stdout.flush()
+
+    def commands() -> int | None:
+        line = sys.stdin.readline().strip()
+        return int(line.split()[1]) if line.startswith("run ") else None
+
+    if name == "trl":
+        trl_worker(model, data, spec["max_new"], out, commands, reply)
+        return
+    if name == "floor":
+        step = floor(model, data, spec["max_new"])
+    else:
+        backend = "vllm" if name == "ours-vllm" else "hf"
+        step = ours(model, data, spec["max_new"], backend, probes=name != "ours-hf-noprobe", out=out)
+    reply({"ready": True})
+    while (k := commands()) is not None:
+        rows = [step() for _ in range(k)]
+        reply({"steps": [r[0] for r in rows], "tokens": sum(r[1] for r in rows), "phases": [r[2] for r in rows]})
+
+
+# ---------------------------------------------------------------------------------------- orchestrator
+def python_for(name: str) -> str:
+    trl_python = REPO / ".venv-trl" / "bin" / "python"
+    return str(trl_python) if name == "trl" else sys.executable
+
+
+class Proc:
+    def __init__(self, name: str, point: str, work: Path, log: Path):
+        self.name = name
+        self.log = log.open("w")
+        self.p = subprocess.Popen(
+            [python_for(name), __file__, "--worker", name, "--point", point, "--work", str(work)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"},
+        )
+
+    def ask(self, k: int | None) -> dict:
+        self.p.stdin.write("quit\n" if k is None else f"run {k}\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} died; see {self.log.name}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+        self.log.close()
+
+
+def bench_point(point: str, names: list[str], a, work: Path) -> dict:
+    procs = {n: Proc(n, point, work, work / f"{n}_{point}.log") for n in names}
+    res = {n: {"steps": [], "tokens": 0.0, "phases": []} for n in names}
+    try:
+        for n, p in procs.items():  # build; TRL's first command also starts its loop
+            if n != "trl":
+                p.p.stdout.readline()  # {"ready": true}
+        for p in procs.values():
+            p.ask(a.warmup)  # warm-up steps, discarded
+        for _ in range(max(1, a.steps // a.block)):
+            for n, p in procs.items():  # round-robin: the machine's noise hits every contender alike
+                r = p.ask(a.block)
+                res[n]["steps"] += r["steps"]
+                res[n]["tokens"] += r["tokens"]
+                res[n]["phases"] += r.get("phases", [])
+                res[n]["rss_gb"] = r["rss_gb"]
+    finally:
+        for p in procs.values():
+            p.close()
+    out = {}
+    for n, r in res.items():
+        med = statistics.median(r["steps"])
+        row = {
+            "s_per_step": med,
+            "completions_per_s": PROMPTS * GROUP / med,
+            "tokens_per_s": r["tokens"] / sum(r["steps"]),
+            "peak_rss_gb": r["rss_gb"],
+            "steps": len(r["steps"]),
+        }
+        if r["phases"]:
+            row["phases_s"] = {k: statistics.median(p[k] for p in r["phases"]) for k in r["phases"][0]}
+        out[n] = row
+    return out
+
+
+def table(results: dict) -> str:
+    lines = []
+    for point, rows in results.items():
+        trl = rows.get("trl", {}).get("s_per_step")
+        fl = rows.get("floor", {}).get("s_per_step")
+        lines.append(f"\n{point}: {PROMPTS} prompts x {GROUP}, max {POINTS[point]['max_new']} new tokens")
+        lines.append(
+            f"{'contender':<17}{'s/step':>9}{'compl/s':>9}{'tok/s':>9}{'RSS GB':>8}{'vs TRL':>8}{'vs floor':>9}"
+            "  phases (s)"
+        )
+        for n, r in rows.items():
+            vs_trl = f"{trl / r['s_per_step']:.2f}x" if trl else "-"
+            vs_floor = f"{r['s_per_step'] / fl:.2f}" if fl else "-"
+            ph = " ".join(f"{k} {v:.3f}" for k, v in r.get("phases_s", {}).items())
+            lines.append(
+                f"{n:<17}{r['s_per_step']:>9.3f}{r['completions_per_s']:>9.0f}{r['tokens_per_s']:>9.0f}"
+                f"{r['peak_rss_gb']:>8.2f}{vs_trl:>8}{vs_floor:>9}  {ph}"
+            )
+    lines.append(
+        "\n'vs TRL': TRL's s/step over the row's (throughput ratio, > 1 is faster); "
+        "'vs floor': s/step over the floor's."
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--block", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--points", default="short,long")
+    ap.add_argument("--contenders", default="trl,ours-vllm,ours-hf,ours-hf-noprobe,floor")
+    ap.add_argument("--work", type=Path, default=REPO / "bench_results" / "trl_work")
+    ap.add_argument("--out", type=Path, default=REPO / "bench_results" / "bench_trl.json")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--point", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker_main(a.worker, a.point, a.work)
+        return 0
+    names = a.contenders.split(",")
+    if "trl" in names and not (REPO / ".venv-trl" / "bin" / "python").exists():
+        ap.error("TRL is not set up: run scripts/setup_trl.sh (or make bench-trl), or leave trl out of --contenders")
+    a.work.mkdir(parents=True, exist_ok=True)
+    for point in a.points.split(","):  # build the models once, before any timing
+        prepare(a.work, POINTS[point]["task"])
+    results = {p: bench_point(p, names, a, a.work) for p in a.points.split(",")}
+    print(table(results))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(
+        json.dumps({"settings": vars(a) | {"work": str(a.work), "out": str(a.out)}, "results": results}, indent=1)
+    )
+    print(f"\nwrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
