@@ -15,7 +15,8 @@ Graders
   'hours' but reads 'dollars' as a product of symbols. The first word needs 2+ letters, so '5 x' stays
   algebra; LaTeX content ('18\\text{ dollars}') is left to math-verify. A completion without a complete
   \\boxed{} that commits to '#### N' is graded on the text after its last '#### N' up to the end of that
-  line, so numbers in text generated after the answer do not replace it.
+  line, so numbers in text generated after the answer do not replace it. Number formatting is normalised
+  first, on both sides (`normalise_answer`, rules in docs/evaluation.md, "Grading rules").
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -45,11 +46,55 @@ def _mv_parse(text: str):
 
 # '#### N' as GSM8K writes it: the line must start like an answer (digit, sign, '.', '$', '\\', '('), so a
 # markdown heading such as '#### Step 2: ...' is not taken for one.
-_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$\\(\d][^\n]*)")
+_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$€£¥₹\\(\d][^\n]*)")
+
+
+# ------------------------------------------------------------------------------- number formatting
+# math-verify reads juxtaposed numbers as a sum ('1\\,234' -> 1 + 234 = 235, '7 2' -> 9), a trailing point
+# ('1234.') as text, '€18' as text and '12.5\\%' as 0.125 while '50\\%' equals 50 (math_verify/grader.py:
+# integer percents compare without the sign, float ones by value). So answers and references are rewritten
+# into the plain forms it reads right before it sees them. The rules are listed in docs/evaluation.md.
+
+# Unicode minus and dash look-alikes read as '-'; Unicode spaces (no-break, thin, narrow no-break: common
+# thousands separators) as a plain space.
+_CHAR_MAP = {
+    **dict.fromkeys(map(ord, "\u2212\u2010\u2011\u2012\u2013\u2014\u2015\ufe63\uff0d"), "-"),
+    **dict.fromkeys(map(ord, "\u00a0\u2007\u2008\u2009\u200a\u202f"), " "),
+}
+# Currency signs (a number's unit): dropped, as math-verify already drops '\\$' and words like 'dollars'.
+_CURRENCY = re.compile(r"\\\$|\$|€|£|¥|₹|\\(?:euro|pounds|yen|textdollar|texteuro|textsterling|textyen)\b\s*")
+# The percent rule: a percent sign is a unit like 'percent' and is dropped, so the number is compared as
+# written: '12.5\\%' = '12.5' = '12.5%', never 0.125 (the Hendrycks MATH normaliser's rule too).
+_PERCENT = re.compile(r"\\text\{\s*\\?%\s*\}|\\?%")
+# One thousands separator between digit groups: LaTeX spaces ('\\,', '\\ ', '\\;', '\\:', '\\>', '\\!', '~',
+# '\\thinspace'), '{,}', ',\\!' (MATH's), or plain spaces.
+_SEP = r"(?:\\[,;:>! ]\s*|\\thinspace\b\s*|\{,\}|,\\!|~|[ \t]+)"
+# 1-3 digits, then groups of exactly three with the same separator each time; not part of a longer number.
+_GROUPED = re.compile(rf"(?<![\d.])(\d{{1,3}})({_SEP})(\d{{3}}(?:\2\d{{3}})*)(?!\d)")
+# A mixed number '1 1/2' is one number; math-verify reads '1 1/2' as 1 but '1\\frac{1}{2}' as 3/2.
+_MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")
+# Any spacing between two digits, once the separators and mixed numbers above are read.
+_SPACING = r"(?:\s|~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^}]*\}|\{,?\})"
+_SPLIT_NUMBER = re.compile(rf"\d{_SPACING}+\d")
+_TRAILING_POINT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\.(?![\d.])")
+
+
+def normalise_answer(text: str) -> str | None:
+    """A final answer (box content, '#### N' line or reference) with its number formatting made plain:
+    dashes, currency and percent signs, thousands separators, a trailing decimal point. None when numbers are
+    separated by spaces that are not thousands groups ('7 2'): no reading of it is the answer."""
+    text = _PERCENT.sub("", _CURRENCY.sub("", text.translate(_CHAR_MAP)))
+    text = _GROUPED.sub(lambda m: m.group(1) + m.group(3).replace(m.group(2), ""), text)
+    text = _MIXED.sub(r"\1\\frac{\2}{\3}", text)
+    if _SPLIT_NUMBER.search(text):
+        return None
+    return _TRAILING_POINT.sub(r"\1", text).strip()
 
 
 def math_gold(reference: str) -> list:
-    """The parsed reference: read as the content of a \\boxed{} (see the module docstring)."""
+    """The parsed reference, formatting normalised, read as the content of a \\boxed{} (module docstring)."""
+    # A reference is trusted: numbers it writes apart (a mixed number, a list) are kept as written.
+    reference = normalise_answer(reference) or reference.translate(_CHAR_MAP)
     if "\\boxed" not in reference:
         gold = _mv_parse(f"\\boxed{{{reference}}}")
         if gold:
@@ -59,7 +104,7 @@ def math_gold(reference: str) -> list:
 
 # A number (sign, '$', thousands commas, decimals, a simple fraction) then plain words: the words are a unit.
 _NUMBER_THEN_WORDS = re.compile(
-    r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?)"
+    r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\\frac\{\d+\}\{\d+\}|\s*/\s*\d+)?)"
     r"\s+[A-Za-z]{2,}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
 )
 
@@ -68,13 +113,21 @@ def math_answer(completion: str) -> list:
     """The parsed final answer of a completion: its last complete \\boxed{} (a number before plain words
     read as the number), else the line after the last '#### N', else whatever math-verify extracts from
     the whole text (empty when nothing)."""
+    completion = completion.translate(_CHAR_MAP)
     boxed = last_boxed(completion)
     if boxed is not None:
+        boxed = normalise_answer(boxed)
+        if not boxed:
+            return []
         unit = _NUMBER_THEN_WORDS.fullmatch(boxed)
         return _mv_parse(f"\\boxed{{{unit.group(1) if unit else boxed}}}")
     marked = _HASH_ANSWER.findall(completion)
-    answer = _mv_parse(marked[-1]) if marked else []
-    return answer or _mv_parse(completion)
+    if not marked:
+        return _mv_parse(completion)
+    line = normalise_answer(marked[-1])
+    if line is None:  # '#### 7 2': no fallback to numbers elsewhere in the text either
+        return []
+    return (_mv_parse(line) if line else []) or _mv_parse(completion)
 
 
 def math_reward(completion: str, reference: str) -> float:
