@@ -68,15 +68,35 @@ _CURRENCY = re.compile(r"\\\$|\$|€|£|¥|₹|\\(?:euro|pounds|yen|textdollar|t
 _PERCENT = re.compile(r"\\text\{\s*\\?%\s*\}|\\?%")
 # One thousands separator between digit groups: LaTeX spaces ('\\,', '\\ ', '\\;', '\\:', '\\>', '\\!', '~',
 # '\\thinspace'), '{,}', ',\\!' (MATH's), or plain spaces.
-_SEP = r"(?:\\[,;:>! ]\s*|\\thinspace\b\s*|\{,\}|,\\!|~|[ \t]+)"
-# 1-3 digits, then groups of exactly three with the same separator each time; not part of a longer number.
-_GROUPED = re.compile(rf"(?<![\d.])(\d{{1,3}})({_SEP})(\d{{3}}(?:\2\d{{3}})*)(?!\d)")
+_LATEX_SEP = r"\\[,;:>! ]\s*|\\thinspace\b\s*|\{,\}|,\\!|~"
+
+
+def _grouped(sep: str) -> re.Pattern:
+    """1-3 digits, then groups of exactly three with the same separator each time; not within a longer number."""
+    return re.compile(rf"(?<![\d.])(\d{{1,3}})({sep})(\d{{3}}(?:\2\d{{3}})*)(?!\d)")
+
+
+_GROUPED = _grouped(rf"(?:{_LATEX_SEP}|[ \t]+)")
+_GROUPED_LATEX = _grouped(rf"(?:{_LATEX_SEP})")
 # A mixed number '1 1/2' is one number; math-verify reads '1 1/2' as 1 but '1\\frac{1}{2}' as 3/2.
 _MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")
 # Any spacing between two digits, once the separators and mixed numbers above are read.
-_SPACING = r"(?:\s|~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^}]*\}|\{,?\})"
-_SPLIT_NUMBER = re.compile(rf"\d{_SPACING}+\d")
+_LATEX_SPACING = r"~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^}]*\}|\{,?\}"
+_SPLIT_NUMBER = re.compile(rf"\d(?:\s|{_LATEX_SPACING})+\d")
+_LATEX_SPLIT = re.compile(rf"\d\s*(?:(?:{_LATEX_SPACING})\s*)+\d")
 _TRAILING_POINT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\.(?![\d.])")
+
+
+def _join_groups(grouped: re.Pattern, text: str) -> str:
+    return grouped.sub(lambda m: m.group(1) + m.group(3).replace(m.group(2), ""), text)
+
+
+def _parse_whole(completion: str) -> list:
+    """What math-verify extracts from a whole completion (no box, no '#### N' answer), with LaTeX thousands
+    separators joined; nothing when LaTeX spacing splits other digits ('$7\\,2$', read as 9 otherwise). Plain
+    spaces are left to math-verify: in running text it reads neither '7 2' nor '1 234' as a sum."""
+    text = _join_groups(_GROUPED_LATEX, completion)
+    return [] if _LATEX_SPLIT.search(text) else _mv_parse(text)
 
 
 def normalise_answer(text: str) -> str | None:
@@ -84,7 +104,7 @@ def normalise_answer(text: str) -> str | None:
     dashes, currency and percent signs, thousands separators, a trailing decimal point. None when numbers are
     separated by spaces that are not thousands groups ('7 2'): no reading of it is the answer."""
     text = _PERCENT.sub("", _CURRENCY.sub("", text.translate(_CHAR_MAP)))
-    text = _GROUPED.sub(lambda m: m.group(1) + m.group(3).replace(m.group(2), ""), text)
+    text = _join_groups(_GROUPED, text)
     text = _MIXED.sub(r"\1\\frac{\2}{\3}", text)
     if _SPLIT_NUMBER.search(text):
         return None
@@ -123,11 +143,11 @@ def math_answer(completion: str) -> list:
         return _mv_parse(f"\\boxed{{{unit.group(1) if unit else boxed}}}")
     marked = _HASH_ANSWER.findall(completion)
     if not marked:
-        return _mv_parse(completion)
+        return _parse_whole(completion)
     line = normalise_answer(marked[-1])
     if line is None:  # '#### 7 2': no fallback to numbers elsewhere in the text either
         return []
-    return (_mv_parse(line) if line else []) or _mv_parse(completion)
+    return (_mv_parse(line) if line else []) or _parse_whole(completion)
 
 
 def math_reward(completion: str, reference: str) -> float:

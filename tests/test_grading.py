@@ -115,6 +115,13 @@ CASES = [
     (r"\boxed{3\sqrt{13}}", r"3\sqrt{13}", 1.0),
     (r"\boxed{3}", r"3\sqrt{13}", 0.0),  # near miss: the first number of the reference is not the answer
     ("The answer is 72.", "72", 1.0),  # no box, no '####': math-verify's extraction, sentence point ignored
+    # --- no box, no '#### N': the whole text, with the same thousands rule for LaTeX separators -------------------
+    (r"The answer is $1\,234$.", "1234", 1.0),
+    (r"The answer is $1\,234$.", "235", 0.0),  # math-verify alone: 235
+    (r"The answer is $7\,2$.", "9", 0.0),  # LaTeX spacing between digits: no reading
+    ("The answer is 7 2", "9", 0.0),  # plain spaces in running text: math-verify sums nothing there
+    ("The answer is 1 234", "1234", 1.0),
+    ("The answer is \u22125", "-5", 1.0),
     (r"\boxed{72.5}", "72", 0.0),
 ]
 
