@@ -5,18 +5,10 @@ in both. A reward function that raises or runs past its time limit scores 0 for 
 scorer counts it and the run goes on.
 
 Graders
-- `math_reward`: math-verify (HF) equivalence of the completion's final answer with the reference. It
-  handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
-  The reference is a bare final answer (data/sources.py normalises it), so it is parsed as the content of
-  a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. The
-  completion's answer is the content of its last complete \\boxed{} alone (braces matched), so an earlier
-  boxed guess is not graded with it as a set. Boxed content that is a number followed by plain words
-  ('18 dollars', '1,234 pages') is graded as the number: math-verify knows unit words such as 'cm' or
-  'hours' but reads 'dollars' as a product of symbols. The first word needs 2+ letters, so '5 x' stays
-  algebra; LaTeX content ('18\\text{ dollars}') is left to math-verify. A completion without a complete
-  \\boxed{} that commits to '#### N' is graded on the text after its last '#### N' up to the end of that
-  line, so numbers in text generated after the answer do not replace it. Number formatting is normalised
-  first, on both sides (`normalise_answer`, rules in docs/evaluation.md, "Grading rules").
+- `math_reward`: math-verify (HF) equivalence of the completion's final answer (its last complete \\boxed{},
+  else its '#### N' line, else the whole text) with the reference, parsed as one whole answer; number
+  formatting normalised on both sides first. The rules, stated once: docs/evaluation.md, "Grading rules";
+  the cases: tests/test_grading.py.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -112,8 +104,9 @@ def normalise_answer(text: str) -> str | None:
 
 
 def math_gold(reference: str) -> list:
-    """The parsed reference, formatting normalised, read as the content of a \\boxed{} (module docstring)."""
-    # A reference is trusted: numbers it writes apart (a mixed number, a list) are kept as written.
+    """The parsed reference, formatting normalised, read as the content of a \\boxed{}: bare LaTeX such as
+    '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number."""
+    # A reference is data, not a policy's output: digits it writes apart are kept as written, not refused.
     reference = normalise_answer(reference) or reference.translate(_CHAR_MAP)
     if "\\boxed" not in reference:
         gold = _mv_parse(f"\\boxed{{{reference}}}")
@@ -123,6 +116,8 @@ def math_gold(reference: str) -> list:
 
 
 # A number (sign, '$', thousands commas, decimals, a simple fraction) then plain words: the words are a unit.
+# math-verify knows unit words such as 'cm' or 'hours' but reads 'dollars' as a product of symbols; the first
+# word needs 2+ letters, so '5 x' stays algebra.
 _NUMBER_THEN_WORDS = re.compile(
     r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\\frac\{\d+\}\{\d+\}|\s*/\s*\d+)?)"
     r"\s+[A-Za-z]{2,}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
