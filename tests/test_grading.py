@@ -95,6 +95,7 @@ CASES = [
     (r"\boxed{-5}", f"{MINUS}5", 1.0),  # a reference with the Unicode sign
     (f"\\boxed{{{MINUS}5}}", "5", 0.0),  # near miss: the sign still counts
     (f"\\boxed{{3 {MINUS} 5}}", "-2", 1.0),  # a Unicode minus between terms is a minus
+    ("#### 72 \u2014 the total", "72", 1.0),  # a dash in text after the answer does not subtract from it
     # --- currency signs --------------------------------------------------------------------------------------
     (r"\boxed{\$18}", "18", 1.0),
     (r"\boxed{€18}", "18", 1.0),  # math-verify alone: text, 0
