@@ -56,8 +56,9 @@ eval: setup
 tensorboard:
 	.venv/bin/tensorboard --logdir runs --bind_all
 
+# The generated config reference, docs/config.md (a test fails when it is stale).
 config-ref:
-	$(PY) -m rl_training.config --update-readme README.md
+	$(PY) -m rl_training.config --write docs/config.md
 
 clean:
 	rm -rf runs bench_results .pytest_cache .ruff_cache

@@ -162,7 +162,7 @@ class TrainCfg:
 @dataclass
 class LossCfg:
     type: Literal["dr_grpo", "grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"] = _f(
-        "dr_grpo", "Policy-gradient objective (see README, 'Objectives')."
+        "dr_grpo", "Policy-gradient objective (docs/objectives.md)."
     )
     clip_low: float | None = _f(
         None, "Ratio clip below, 1 - clip_low; unset = the objective's paper value.", ge=0, le=1
@@ -173,7 +173,7 @@ class LossCfg:
         "k3",
         "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(w k1) grad log pi, w = pi/pi_old x the TIS "
         "weight (that of KL(pi||ref)); "
-        "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). README, 'Objectives'.",
+        "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). docs/objectives.md.",
     )
     tis_cap: float = _f(
         0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
@@ -654,17 +654,32 @@ def reference(cls: type = Config, prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str | os.PathLike) -> None:
-    """Replace everything from the reference table's header to the end of `path` with the current table."""
-    text = Path(path).read_text()
-    head = text[: text.index("| key | type | default | meaning |")]
-    Path(path).write_text(head + reference() + "\n")
+CONFIG_DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+_CONFIG_DOC_HEAD = """# Config reference
+
+Every key of the config tree, generated from `rl_training/config.py` by `make config-ref` (`python -m
+rl_training.config --write docs/config.md`); `tests/test_config.py` fails when this page is out of date.
+Keys are set in a YAML file (`--cfg`) and overridden on the command line with dotted names
+(`train.total_steps=10 lora.target_modules=[q_proj,v_proj]`); an unknown key is an error naming the nearest
+valid one. Everything above the table is kept when the table is regenerated.
+
+"""
+
+
+def write_reference(path: str | os.PathLike = CONFIG_DOC) -> None:
+    """Rewrite the reference table of `path` (docs/config.md): the text before its header is kept, the table
+    from the header to the end is replaced; a new file gets the standard heading."""
+    path = Path(path)
+    text = path.read_text() if path.exists() else ""
+    header = "| key | type | default | meaning |"
+    head = text[: text.index(header)] if header in text else _CONFIG_DOC_HEAD
+    path.write_text(head + reference() + "\n")
 
 
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--update-readme"]:
-        update_readme(sys.argv[2] if len(sys.argv) > 2 else "README.md")
+    if sys.argv[1:2] == ["--write"]:
+        write_reference(sys.argv[2] if len(sys.argv) > 2 else CONFIG_DOC)
     else:
         print(reference())

@@ -5,17 +5,10 @@ in both. A reward function that raises or runs past its time limit scores 0 for 
 scorer counts it and the run goes on.
 
 Graders
-- `math_reward`: math-verify (HF) equivalence of the completion's final answer with the reference. It
-  handles LaTeX (\\frac, \\boxed), '#### N', thousands separators and units better than a regex would.
-  The reference is a bare final answer (data/sources.py normalises it), so it is parsed as the content of
-  a \\boxed{}: bare LaTeX such as '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number. The
-  completion's answer is the content of its last complete \\boxed{} alone (braces matched), so an earlier
-  boxed guess is not graded with it as a set. Boxed content that is a number followed by plain words
-  ('18 dollars', '1,234 pages') is graded as the number: math-verify knows unit words such as 'cm' or
-  'hours' but reads 'dollars' as a product of symbols. The first word needs 2+ letters, so '5 x' stays
-  algebra; LaTeX content ('18\\text{ dollars}') is left to math-verify. A completion without a complete
-  \\boxed{} that commits to '#### N' is graded on the text after its last '#### N' up to the end of that
-  line, so numbers in text generated after the answer do not replace it.
+- `math_reward`: math-verify (HF) equivalence of the completion's final answer (its last complete \\boxed{},
+  else its '#### N' line, else the whole text) with the reference, parsed as one whole answer; number
+  formatting normalised on both sides first. The rules, stated once: docs/evaluation.md, "Grading rules";
+  the cases: tests/test_grading.py.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
 """
@@ -45,11 +38,76 @@ def _mv_parse(text: str):
 
 # '#### N' as GSM8K writes it: the line must start like an answer (digit, sign, '.', '$', '\\', '('), so a
 # markdown heading such as '#### Step 2: ...' is not taken for one.
-_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$\\(\d][^\n]*)")
+_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$€£¥₹\\(\d][^\n]*)")
+
+
+# ------------------------------------------------------------------------------- number formatting
+# math-verify reads juxtaposed numbers as a sum ('1\\,234' -> 1 + 234 = 235, '7 2' -> 9), a trailing point
+# ('1234.') as text, '€18' as text and '12.5\\%' as 0.125 while '50\\%' equals 50 (math_verify/grader.py:
+# integer percents compare without the sign, float ones by value). So answers and references are rewritten
+# into the plain forms it reads right before it sees them. The rules are listed in docs/evaluation.md.
+
+# Unicode minus and dash look-alikes read as '-'; Unicode spaces (no-break, thin, narrow no-break: common
+# thousands separators) as a plain space.
+_CHAR_MAP = {
+    **dict.fromkeys(map(ord, "\u2212\u2010\u2011\u2012\u2013\u2014\u2015\ufe63\uff0d"), "-"),
+    **dict.fromkeys(map(ord, "\u00a0\u2007\u2008\u2009\u200a\u202f"), " "),
+}
+# Currency signs (a number's unit): dropped, as math-verify already drops '\\$' and words like 'dollars'.
+_CURRENCY = re.compile(r"\\\$|\$|€|£|¥|₹|\\(?:euro|pounds|yen|textdollar|texteuro|textsterling|textyen)\b\s*")
+# The percent rule: a percent sign is a unit like 'percent' and is dropped, so the number is compared as
+# written: '12.5\\%' = '12.5' = '12.5%', never 0.125 (the Hendrycks MATH normaliser's rule too).
+_PERCENT = re.compile(r"\\text\{\s*\\?%\s*\}|\\?%")
+# One thousands separator between digit groups: LaTeX spaces ('\\,', '\\ ', '\\;', '\\:', '\\>', '\\!', '~',
+# '\\thinspace'), '{,}', ',\\!' (MATH's), or plain spaces.
+_LATEX_SEP = r"\\[,;:>! ]\s*|\\thinspace\b\s*|\{,\}|,\\!|~"
+
+
+def _grouped(sep: str) -> re.Pattern:
+    """1-3 digits, then groups of exactly three with the same separator each time; not within a longer number."""
+    return re.compile(rf"(?<![\d.])(\d{{1,3}})({sep})(\d{{3}}(?:\2\d{{3}})*)(?!\d)")
+
+
+_GROUPED = _grouped(rf"(?:{_LATEX_SEP}|[ \t]+)")
+_GROUPED_LATEX = _grouped(rf"(?:{_LATEX_SEP})")
+# A mixed number '1 1/2' is one number; math-verify reads '1 1/2' as 1 but '1\\frac{1}{2}' as 3/2.
+_MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")
+# Any spacing between two digits, once the separators and mixed numbers above are read.
+_LATEX_SPACING = r"~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^}]*\}|\{,?\}"
+_SPLIT_NUMBER = re.compile(rf"\d(?:\s|{_LATEX_SPACING})+\d")
+_LATEX_SPLIT = re.compile(rf"\d\s*(?:(?:{_LATEX_SPACING})\s*)+\d")
+_TRAILING_POINT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\.(?![\d.])")
+
+
+def _join_groups(grouped: re.Pattern, text: str) -> str:
+    return grouped.sub(lambda m: m.group(1) + m.group(3).replace(m.group(2), ""), text)
+
+
+def _parse_whole(completion: str) -> list:
+    """What math-verify extracts from a whole completion (no box, no '#### N' answer), with LaTeX thousands
+    separators joined; nothing when LaTeX spacing splits other digits ('$7\\,2$', read as 9 otherwise). Plain
+    spaces are left to math-verify: in running text it reads neither '7 2' nor '1 234' as a sum."""
+    text = _join_groups(_GROUPED_LATEX, completion)
+    return [] if _LATEX_SPLIT.search(text) else _mv_parse(text)
+
+
+def normalise_answer(text: str) -> str | None:
+    """A final answer (box content, '#### N' line or reference) with its number formatting made plain:
+    dashes, currency and percent signs, thousands separators, a trailing decimal point. None when numbers are
+    separated by spaces that are not thousands groups ('7 2'): no reading of it is the answer."""
+    text = _PERCENT.sub("", _CURRENCY.sub("", text.translate(_CHAR_MAP)))
+    text = _join_groups(_GROUPED, text)
+    text = _MIXED.sub(r"\1\\frac{\2}{\3}", text)
+    if _SPLIT_NUMBER.search(text):
+        return None
+    return _TRAILING_POINT.sub(r"\1", text).strip()
 
 
 def math_gold(reference: str) -> list:
-    """The parsed reference: read as the content of a \\boxed{} (see the module docstring)."""
+    """The parsed reference, formatting normalised, read as the content of a \\boxed{}: bare LaTeX such as
+    '3\\sqrt{13}' or '6 - 5i' otherwise parses as its first number."""
+    # A reference is data, not a policy's output: digits it writes apart are kept as written, not refused.
+    reference = normalise_answer(reference) or reference.translate(_CHAR_MAP)
     if "\\boxed" not in reference:
         gold = _mv_parse(f"\\boxed{{{reference}}}")
         if gold:
@@ -58,8 +116,10 @@ def math_gold(reference: str) -> list:
 
 
 # A number (sign, '$', thousands commas, decimals, a simple fraction) then plain words: the words are a unit.
+# math-verify knows unit words such as 'cm' or 'hours' but reads 'dollars' as a product of symbols; the first
+# word needs 2+ letters, so '5 x' stays algebra.
 _NUMBER_THEN_WORDS = re.compile(
-    r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+)?)"
+    r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\\frac\{\d+\}\{\d+\}|\s*/\s*\d+)?)"
     r"\s+[A-Za-z]{2,}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
 )
 
@@ -68,13 +128,21 @@ def math_answer(completion: str) -> list:
     """The parsed final answer of a completion: its last complete \\boxed{} (a number before plain words
     read as the number), else the line after the last '#### N', else whatever math-verify extracts from
     the whole text (empty when nothing)."""
+    completion = completion.translate(_CHAR_MAP)
     boxed = last_boxed(completion)
     if boxed is not None:
+        boxed = normalise_answer(boxed)
+        if not boxed:
+            return []
         unit = _NUMBER_THEN_WORDS.fullmatch(boxed)
         return _mv_parse(f"\\boxed{{{unit.group(1) if unit else boxed}}}")
     marked = _HASH_ANSWER.findall(completion)
-    answer = _mv_parse(marked[-1]) if marked else []
-    return answer or _mv_parse(completion)
+    if not marked:
+        return _parse_whole(completion)
+    line = normalise_answer(marked[-1])
+    if line is None:  # '#### 7 2': no fallback to numbers elsewhere in the text either
+        return []
+    return (_mv_parse(line) if line else []) or _parse_whole(completion)
 
 
 def math_reward(completion: str, reference: str) -> float:

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import ConfigError, all_keys, check_trainable_dtype, derive, load_config, reference, to_yaml
+from rl_training.config import (
+    ConfigError,
+    all_keys,
+    check_trainable_dtype,
+    derive,
+    load_config,
+    reference,
+    to_yaml,
+    write_reference,
+)
 
 CFG_DIR = Path(__file__).resolve().parents[1] / "cfg"
 
@@ -245,9 +254,16 @@ def test_reference_documents_every_key():
         assert f"`{key}`" in ref
 
 
-def test_readme_config_reference_is_current():
-    readme = (CFG_DIR.parent / "README.md").read_text()
-    assert reference() in readme, "regenerate it: python -m rl_training.config --update-readme"
+def test_config_reference_page_is_current(tmp_path):
+    page = (CFG_DIR.parent / "docs" / "config.md").read_text()
+    assert page.endswith(reference() + "\n"), "regenerate it: make config-ref"
+    # Regenerating keeps the hand-written text above the table and replaces a stale table.
+    stale = tmp_path / "config.md"
+    stale.write_text(
+        "# Intro kept\n\n| key | type | default | meaning |\n|---|---|---|---|\n| `old.key` | int | `1` | x |\n"
+    )
+    write_reference(stale)
+    assert stale.read_text() == "# Intro kept\n\n" + reference() + "\n"
 
 
 def test_string_overrides_are_verbatim():
