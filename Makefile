@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench bench-probes eval tensorboard config-ref clean
+.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -47,6 +47,12 @@ bench: sft
 # Probe overhead: probes on and off on alternate steps of one run.
 bench-probes: sft
 	$(PY) scripts/bench_probes.py --cfg $(CFG) --steps 80
+
+# Side by side with TRL's GRPOTrainer and the floor (plain transformers + peft); TRL goes into the optional
+# .venv-trl only (scripts/setup_trl.sh), never into .venv. Table + bench_results/bench_trl.json.
+bench-trl: setup
+	scripts/setup_trl.sh
+	$(PY) scripts/bench_trl.py
 
 # Every checkpoint of a run + its step-0 base model: RUN/eval/ (JSON, per-problem jsonl, summary.csv, plots).
 RUN ?= runs/tiny_cpu
