@@ -101,9 +101,28 @@ def test_bm25_ties_break_by_corpus_order_and_batching_changes_nothing(tmp_path):
     p.write_text("".join(json.dumps({"id": f"d{i}", "contents": f"t{i}\nsame words here"}) + "\n" for i in range(6)))
     r = BM25Retriever.from_corpus(p)
     assert [x.id for x in r.retrieve(["same words"], 3).passages[0]] == ["d0", "d1", "d2"]
+    assert [x.id for x in r.retrieve(["same words"], 10).passages[0]] == [f"d{i}" for i in range(6)]  # partition path
     qs = ["same", "t3 words", "t5", "nothing"]
     together = r.retrieve(qs, 3).passages
     assert together == [r.retrieve([q], 3).passages[0] for q in qs]
+
+
+@pytest.mark.parametrize("k", [3, 12])  # k rounds of max (k <= 8), partition (k > 8)
+def test_bm25_top_k_equals_bm25s_dense_scoring_on_a_random_corpus(tmp_path, k):
+    import random
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    rows = [{"id": i, "contents": " ".join(rng.choices(words, k=rng.randint(5, 30)))} for i in range(400)]
+    p = tmp_path / "c.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = BM25Retriever.from_corpus(p)
+    queries = [" ".join(rng.choices(words, k=rng.randint(1, 6))) for _ in range(50)]
+    for q, hits in zip(queries, r.retrieve(queries, k).passages):
+        dense = r._bm25s.get_scores(_tokenize([q])[0]).astype(np.float64)
+        want = sorted((i for i in range(400) if dense[i] > 0), key=lambda i: (-round(dense[i], 4), i))[:k]
+        assert [p.id for p in hits] == [str(i) for i in want], q
+        np.testing.assert_allclose([p.score for p in hits], dense[want], rtol=1e-5)
 
 
 def test_null_retriever_and_stats():
@@ -284,3 +303,33 @@ def test_dense_retriever_without_faiss_says_what_to_install(corpus):
 
     with pytest.raises(RuntimeError, match="needs faiss, which is not installed here: install faiss-cpu"):
         DenseRetriever("x.index", str(corpus), "intfloat/e5-base-v2", device="cpu")
+
+
+def test_make_retriever_from_config(corpus):
+    from rl_training.config import load_config
+    from rl_training.search.build import make_retriever
+
+    cfg = load_config(None, [f"search.corpus={corpus}"])
+    assert isinstance(make_retriever(cfg.search), BM25Retriever)
+    cfg.search.retriever = "none"
+    assert isinstance(make_retriever(cfg.search), NullRetriever)
+    cfg.search.retriever = "http"
+    with pytest.raises(ValueError, match="search.retriever=http needs search.url"):
+        make_retriever(cfg.search)
+    cfg.search.url, cfg.search.request_shape, cfg.search.retries = "http://127.0.0.1:1/retrieve", "single", 0
+    r = make_retriever(cfg.search)
+    assert (r.request_shape, r.retries, r.timeout_s) == ("single", 0, 10.0)
+    assert r.retrieve(["q"], 1).failed == 1  # nothing listens on port 1: an error result, not an exception
+    r.close()
+
+
+def test_bench_script_runs_small(tmp_path):
+    """Runs end to end at tiny settings and writes the JSON it promises (speed targets: its output, docs)."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_retriever.py"), "--passages", "500", "--queries", "50"]
+    cmd += ["--bm25s-queries", "10", "--requests", "5", "--repeats", "1", "--out", str(out)]
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, timeout=300)
+    res = json.loads(out.read_text())
+    assert res["passages"] == 500 and res["bm25_queries_per_s"] > 0 and res["bm25s_numpy_queries_per_s"] > 0
+    assert set(res["http"]) == {"single_1", "batched_1", "batched_64"}
+    assert all(v["requests"] == 5 and v["p95_ms"] >= v["p50_ms"] > 0 for v in res["http"].values())

@@ -8,16 +8,16 @@ Tokenisation: lowercase, words of 2+ word characters, bm25s's English stopword l
 (PyStemmer would be one more compiled dependency).
 
 The query side is ours, over bm25s's index arrays (`scores["data" | "indices" | "indptr"]`, the format its
-save() writes): a query touches only the postings of its own terms, summed with np.unique + np.bincount,
-and the top k is taken among the documents that scored at all. bm25s's numpy `retrieve` instead scores
-every document densely and argpartitions all N scores, ~60 queries/s over 100k passages (argpartition
-degrades on the mostly-zero array); its numba backend reaches ~5,000/s but JIT-compiles for ~18 s on first
-use. This path measures ~10,000 queries/s (scripts/bench_retriever.py). Scores equal bm25s's
-`get_scores` (tested). Ties are broken by corpus order, so results are deterministic.
+save() writes): a query costs the postings of its own terms, never a pass over the corpus (see `top`).
+bm25s's numpy `retrieve` scores every document densely and argpartitions all N scores per query, which
+scripts/bench_retriever.py measures side by side (docs/search.md has the numbers); its numba backend is
+fast once compiled but JIT-compiles for ~18 s on first use. Scores equal bm25s's `get_scores` (tested).
+Ties are broken by corpus order, so results are deterministic.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from rl_training.search.retriever import Passage, RetrievalResult, load_corpus
 
 STOPWORDS = "en"
+SELECT_ROUNDS_MAX_K = 8  # top-k by k rounds of max up to this k, by a partition above
 
 
 def _tokenize(texts: list[str]) -> list[list[str]]:
@@ -47,6 +48,8 @@ class BM25Retriever:
         self.indices = np.asarray(index.scores["indices"])
         self.indptr = np.asarray(index.scores["indptr"])
         self._bm25s = index  # kept for tests that compare against bm25s's own scoring
+        self._buffer = np.zeros(len(passages))  # float64 scores, all zero between queries
+        self._lock = threading.Lock()  # one buffer: a server's worker threads take turns (the GIL would anyway)
 
     @classmethod
     def from_corpus(cls, path) -> BM25Retriever:
@@ -55,24 +58,45 @@ class BM25Retriever:
     def __len__(self) -> int:
         return len(self.passages)
 
-    def scores(self, query_tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(document indices, BM25 scores) of every document that shares a term with the query, indices
-        ascending. A term repeated in the query counts again (as in bm25s)."""
-        ids = [self.vocab[t] for t in query_tokens if t in self.vocab]
-        if not ids:
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
-        docs = np.concatenate([self.indices[self.indptr[i] : self.indptr[i + 1]] for i in ids])
-        weights = np.concatenate([self.data[self.indptr[i] : self.indptr[i + 1]] for i in ids])
-        uniq, inverse = np.unique(docs, return_inverse=True)
-        return uniq, np.bincount(inverse, weights=weights.astype(np.float64))
-
     def top(self, query_tokens: list[str], k: int) -> list[tuple[int, float]]:
-        docs, sc = self.scores(query_tokens)
-        if len(docs) > k:
-            part = np.argpartition(-sc, k - 1)[:k]
-            docs, sc = docs[part], sc[part]
-        order = np.lexsort((docs, -sc))  # score descending, then corpus order
-        return [(int(docs[j]), float(sc[j])) for j in order]
+        """The k best (document index, BM25 score), score descending then corpus order. A term repeated in
+        the query counts again (as in bm25s).
+
+        Cost O(postings of the query's terms), never O(corpus): the scores accumulate into a reused dense
+        buffer at the postings' documents only, are read back there (one entry per posting) and reset. Small
+        k: k rounds of max over the entries (np.partition is ~30x slower per element here). Larger k: each
+        document occurs at most once per term, so the k best distinct documents are among the k * terms best
+        entries; those scoring at least that many-th best score (ties included) are sorted and deduplicated."""
+        spans = [(self.indptr[i], self.indptr[i + 1]) for i in (self.vocab[t] for t in query_tokens if t in self.vocab)]
+        spans = [(a, b) for a, b in spans if b > a]
+        if not spans:
+            return []
+        docs = np.concatenate([self.indices[a:b] for a, b in spans])
+        with self._lock:
+            for a, b in spans:
+                self._buffer[self.indices[a:b]] += self.data[a:b]  # a term's postings name distinct documents
+            sc = self._buffer[docs]
+            self._buffer[docs] = 0.0
+        if k > SELECT_ROUNDS_MAX_K:
+            m = k * len(spans)
+            if len(sc) > m:
+                keep = sc >= np.partition(sc, len(sc) - m)[len(sc) - m]
+                docs, sc = docs[keep], sc[keep]
+            out: dict[int, float] = {}
+            for j in np.lexsort((docs, -sc)):
+                out.setdefault(int(docs[j]), float(sc[j]))
+                if len(out) == k:
+                    break
+            return list(out.items())
+        best = []
+        for _ in range(min(k, len(sc))):  # k rounds of vectorised max: faster than a partition for small k
+            top = sc.max()
+            if top == -np.inf:
+                break
+            d = docs[sc == top].min()  # ties: corpus order
+            best.append((int(d), float(top)))
+            sc[docs == d] = -np.inf
+        return best
 
     def retrieve(self, queries: list[str], topk: int) -> RetrievalResult:
         t0 = time.perf_counter()
