@@ -292,17 +292,39 @@ def test_server_module_runs_as_a_process(corpus, tmp_path):
         proc.wait(10)
 
 
-def test_dense_retriever_without_faiss_says_what_to_install(corpus):
-    try:
-        import faiss  # noqa: F401
-
-        pytest.skip("faiss is installed here")
-    except ImportError:
-        pass
+def test_dense_retriever_without_faiss_says_what_to_install(corpus, monkeypatch):
     from rl_training.search.dense import DenseRetriever
 
+    monkeypatch.setitem(sys.modules, "faiss", None)  # what a machine without faiss has: import fails
     with pytest.raises(RuntimeError, match="needs faiss, which is not installed here: install faiss-cpu"):
         DenseRetriever("x.index", str(corpus), "intfloat/e5-base-v2", device="cpu")
+
+
+def test_dense_retriever_over_a_faiss_index_through_the_server(corpus, tiny_model, tmp_path):
+    """The dense path for real: faiss (CPU) over embeddings of the corpus by an encoder (the tiny model stands
+    in for e5: no prefix, mean pooling, L2 normalised); a passage's own text retrieves it first."""
+    faiss = pytest.importorskip("faiss")
+    from rl_training.search.dense import DenseRetriever, Encoder, query_prefix
+
+    assert query_prefix("intfloat/e5-base-v2") == "query: " and query_prefix(str(tiny_model)) == ""
+    passages = load_corpus(corpus)
+    index = faiss.IndexFlatIP(128)  # the tiny model's hidden size; inner product of unit vectors = cosine
+    enc = Encoder(str(tiny_model), device="cpu")
+    index.add(np.concatenate([enc.encode([p.contents]) for p in passages]))  # one at a time: no padding
+    faiss.write_index(index, str(tmp_path / "flat.index"))
+
+    dense = DenseRetriever(str(tmp_path / "flat.index"), str(corpus), str(tiny_model), device="cpu", batch_size=2)
+    res = dense.retrieve([p.contents for p in passages], 2)
+    assert res.failed == 0 and [hits[0].id for hits in res.passages] == [p.id for p in passages]
+    assert all(hits[0].score == pytest.approx(1.0, abs=1e-4) for hits in res.passages)  # cosine with itself
+    with serve(dense, name="dense", passages=4) as url:
+        client = HttpRetriever(url, retries=0)
+        assert client.health() == {"status": "ok", "retriever": "dense", "passages": 4}
+        assert [h[0].id for h in client.retrieve([passages[2].contents], 1).passages] == ["2"]
+    with pytest.raises(ValueError, match="holds 4 vectors for 3 passages"):
+        short = tmp_path / "short.jsonl"
+        short.write_text("".join(json.dumps(d) + "\n" for d in DOCS[:3]))
+        DenseRetriever(str(tmp_path / "flat.index"), str(short), str(tiny_model), device="cpu")
 
 
 def test_make_retriever_from_config(corpus):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from rl_training.search.retriever import Passage, RetrievalResult, load_corpus
 
 
@@ -37,6 +39,39 @@ def query_prefix(encoder_name: str) -> str:
     return ""
 
 
+class Encoder:
+    """A named text encoder (local path or hub id) embedding queries as Search-R1's `Encoder` does."""
+
+    def __init__(self, name: str, device: str = "cuda", max_tokens: int = 256):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.name, self.device, self.max_tokens = name, device, max_tokens
+        self.tokenizer = AutoTokenizer.from_pretrained(name)
+        dtype = torch.float16 if device.startswith("cuda") else torch.float32
+        self.model = AutoModel.from_pretrained(name, dtype=dtype).to(device).eval()
+
+    def encode(self, texts: list[str], prefix: str = "") -> np.ndarray:
+        """[len(texts), hidden] float32: mean of the last hidden states over the attention mask, L2
+        normalised (except dpr models)."""
+        import torch
+
+        with torch.no_grad():
+            inputs = self.tokenizer(
+                [prefix + t for t in texts],
+                max_length=self.max_tokens,
+                padding=True,
+                truncation=True,
+                return_tensors="pt",
+            ).to(self.device)
+            hidden = self.model(**inputs).last_hidden_state
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            emb = (hidden * mask).sum(1) / mask.sum(1)
+            if "dpr" not in self.name.lower():
+                emb = torch.nn.functional.normalize(emb, dim=-1)
+        return emb.float().cpu().numpy()
+
+
 class DenseRetriever:
     def __init__(
         self,
@@ -50,9 +85,6 @@ class DenseRetriever:
         batch_size: int = 512,
     ):
         faiss = _require_faiss()
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
         self.passages = load_corpus(corpus_path)
         self.index = faiss.read_index(index_path)
         if self.index.ntotal != len(self.passages):
@@ -61,36 +93,15 @@ class DenseRetriever:
             co = faiss.GpuMultipleClonerOptions()
             co.useFloat16, co.shard = True, True
             self.index = faiss.index_cpu_to_all_gpus(self.index, co=co)
-        self.encoder_name, self.device = encoder, device
-        self.tokenizer = AutoTokenizer.from_pretrained(encoder)
-        dtype = torch.float16 if device.startswith("cuda") else torch.float32
-        self.model = AutoModel.from_pretrained(encoder, dtype=dtype).to(device).eval()
-        self.max_query_tokens, self.batch_size = max_query_tokens, batch_size
-
-    def encode(self, queries: list[str]):
-        import torch
-
-        prefix = query_prefix(self.encoder_name)
-        with torch.no_grad():
-            inputs = self.tokenizer(
-                [prefix + q for q in queries],
-                max_length=self.max_query_tokens,
-                padding=True,
-                truncation=True,
-                return_tensors="pt",
-            ).to(self.device)
-            hidden = self.model(**inputs).last_hidden_state
-            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            emb = (hidden * mask).sum(1) / mask.sum(1)
-            if "dpr" not in self.encoder_name.lower():
-                emb = torch.nn.functional.normalize(emb, dim=-1)
-        return emb.float().cpu().numpy()
+        self.encoder = Encoder(encoder, device, max_query_tokens)
+        self.prefix, self.batch_size = query_prefix(encoder), batch_size
 
     def retrieve(self, queries: list[str], topk: int) -> RetrievalResult:
         t0 = time.perf_counter()
         out: list[list[Passage]] = []
         for s in range(0, len(queries), self.batch_size):
-            scores, idx = self.index.search(self.encode(list(queries[s : s + self.batch_size])), topk)
+            emb = self.encoder.encode(list(queries[s : s + self.batch_size]), self.prefix)
+            scores, idx = self.index.search(emb, topk)
             for row_s, row_i in zip(scores.tolist(), idx.tolist(), strict=True):
                 out.append([self._passage(i, sc) for i, sc in zip(row_i, row_s, strict=True) if i >= 0])
         return RetrievalResult(out, [None] * len(out), latency_s=time.perf_counter() - t0)
