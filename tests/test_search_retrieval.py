@@ -132,6 +132,17 @@ def test_null_retriever_and_stats():
     st.add(res)
     st.add(RetrievalResult.all_failed(3, "down", retries=4, latency_s=0.5))
     assert (st.queries, st.failed, st.retries, st.latencies_s) == (5, 3, 4, [0.0, 0.5])
+    for i in range(18):
+        st.add(RetrievalResult([[]], [None], latency_s=0.001 * (i + 1)))
+    # 20 latencies 0, 1..18 ms, 500 ms; nearest rank: p50 = 10th smallest = 9 ms, p95 = 19th = 18 ms
+    assert st.metrics() == {
+        "retrieval/queries": 23.0,
+        "retrieval/failed": 3.0,
+        "retrieval/retries": 4.0,
+        "retrieval/latency_p50_ms": pytest.approx(9.0),
+        "retrieval/latency_p95_ms": pytest.approx(18.0),
+    }
+    assert RetrievalStats().metrics()["retrieval/latency_p95_ms"] == 0.0
 
 
 # ------------------------------------------------------------------------------------- server and client
@@ -222,7 +233,7 @@ def test_dead_server_fails_fast_with_counted_retries(bm25):
     assert time.monotonic() - t0 < 2
     assert (res.attempts, res.retries, res.failed) == (3, 2, 2)  # 1 + 2 retries, both queries failed
     assert res.passages == [[], []]
-    assert res.errors[0].startswith("connection failed") and f"127.0.0.1:{port}" in res.errors[0]
+    assert res.errors == ["connection failed (ConnectionError)"] * 2
     assert "Search failed: connection failed" in information_block([], res.errors[0])
 
 
@@ -236,7 +247,7 @@ def test_slow_server_times_out_each_attempt(bm25):
     # 2 queries x 2 attempts of 0.2 s, the queries concurrent: ~0.4 s, far below the 1 s the server takes
     assert took < 0.95, took
     assert (res.attempts, res.retries, res.failed) == (4, 2, 2)
-    assert res.errors == ["timed out after 0.2 s [" + url + "]"] * 2
+    assert res.errors == ["timed out after 0.2 s"] * 2
 
 
 def test_server_errors_are_retried_then_answered(bm25):

@@ -108,7 +108,8 @@ class HttpRetriever:
             except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
                 error = f"malformed response ({type(e).__name__}: {e})"
                 break
-        return RetrievalResult.all_failed(n, f"{error} [{self.url}]", attempts=attempt + 1, retries=attempt)
+        # No url in the error: it becomes observation text the policy reads (the caller knows the url).
+        return RetrievalResult.all_failed(n, error, attempts=attempt + 1, retries=attempt)
 
     def health(self) -> dict:
         """GET /health beside the /retrieve url (raises on failure: used at startup, not in the loop)."""

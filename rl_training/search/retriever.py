@@ -13,6 +13,7 @@ observation is '\\n\\n<information>{that text, stripped}</information>\\n\\n'.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -64,6 +65,22 @@ class RetrievalStats:
         self.failed += r.failed
         self.retries += r.retries
         self.latencies_s.append(r.latency_s)
+
+    def metrics(self) -> dict[str, float]:
+        """retrieval/* values of this rank (the caller reduces across ranks): counts, and the batch latency's
+        p50/p95 in ms (nearest rank; 0 without calls)."""
+        lat = sorted(self.latencies_s)
+
+        def pct(q: float) -> float:
+            return 1e3 * lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else 0.0
+
+        return {
+            "retrieval/queries": float(self.queries),
+            "retrieval/failed": float(self.failed),
+            "retrieval/retries": float(self.retries),
+            "retrieval/latency_p50_ms": pct(0.50),
+            "retrieval/latency_p95_ms": pct(0.95),
+        }
 
 
 class Retriever(Protocol):
