@@ -284,6 +284,7 @@ class SearchCfg:
         "bm25", "bm25: in-process over `corpus`; http: a /retrieve server at `url`; none: retrieves nothing (ablation)."
     )
     corpus: str = _f("data/search/corpus.jsonl", 'Corpus jsonl of {"id", "contents"} for retriever=bm25.')
+    bm25_index: str = _f("", "retriever=bm25: load the index from this directory, or build and save it there.")
     url: str = _f("", "retriever=http: the server's http://host:port/retrieve (NO_PROXY gets its host).")
     request_shape: Literal["batched", "single"] = _f(
         "batched", "HTTP request shape: batched (Search-R1: all queries in one request) or single (SkyRL: one each)."
@@ -609,7 +610,7 @@ def get_key(cfg: Config, key: str) -> Any:
 
 # Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
 # ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
-PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume", "search.corpus"]
+PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume", "search.corpus", "search.bm25_index"]
 
 
 def absolute_path(value: str) -> str:

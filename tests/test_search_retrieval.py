@@ -125,6 +125,18 @@ def test_bm25_top_k_equals_bm25s_dense_scoring_on_a_random_corpus(tmp_path, k):
         np.testing.assert_allclose([p.score for p in hits], dense[want], rtol=1e-5)
 
 
+def test_bm25_index_saved_then_loaded_only_for_its_corpus(corpus, tmp_path):
+    built = BM25Retriever.from_corpus(corpus, tmp_path / "idx")
+    assert (tmp_path / "idx" / "corpus.fingerprint").read_text().startswith("4:")
+    loaded = BM25Retriever.from_corpus(corpus, tmp_path / "idx")
+    qs = ["capital of Germany", "river Spree", "France"]
+    assert loaded.retrieve(qs, 3).passages == built.retrieve(qs, 3).passages
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(d) + "\n" for d in DOCS[::-1]))  # same passages, another order
+    with pytest.raises(ValueError, match="was built over another corpus; delete it to rebuild"):
+        BM25Retriever.from_corpus(other, tmp_path / "idx")
+
+
 def test_null_retriever_and_stats():
     res = NullRetriever().retrieve(["a", "b"], 3)
     assert res.passages == [[], []] and res.errors == [None, None]

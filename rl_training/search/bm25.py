@@ -17,8 +17,10 @@ Ties are broken by corpus order, so results are deterministic.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,15 +36,37 @@ def _tokenize(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, lower=True, stopwords=STOPWORDS, return_ids=False, show_progress=False)
 
 
+def fingerprint(passages: list[Passage]) -> str:
+    h = hashlib.sha256()
+    for p in passages:
+        h.update(f"{len(p.id)}:{p.id}{len(p.contents)}:{p.contents}".encode())
+    return f"{len(passages)}:{h.hexdigest()}"
+
+
+def _load_or_build(passages: list[Passage], index_dir: Path | None):
+    import bm25s
+
+    stamp = index_dir / "corpus.fingerprint" if index_dir else None
+    if stamp is not None and stamp.exists():
+        if stamp.read_text() != fingerprint(passages):
+            raise ValueError(f"the BM25 index in {index_dir} was built over another corpus; delete it to rebuild")
+        return bm25s.BM25.load(str(index_dir))
+    index = bm25s.BM25()
+    index.index(_tokenize([p.contents for p in passages]), show_progress=False)
+    if index_dir is not None:
+        index.save(str(index_dir), show_progress=False)
+        stamp.write_text(fingerprint(passages))  # last: a half-written index has no stamp and is rebuilt
+    return index
+
+
 class BM25Retriever:
     """BM25 over `passages` (or a corpus file). Thread-safe for concurrent `retrieve` calls (read-only)."""
 
-    def __init__(self, passages: list[Passage]):
-        import bm25s
-
+    def __init__(self, passages: list[Passage], index_dir: str | Path = ""):
+        """`index_dir`: load the index saved there for these passages, or build it and save it there (bm25s's
+        save format plus a fingerprint of the passages, so an index never serves another corpus)."""
         self.passages = passages
-        index = bm25s.BM25()
-        index.index(_tokenize([p.contents for p in passages]), show_progress=False)
+        index = _load_or_build(passages, Path(index_dir) if index_dir else None)
         self.vocab: dict[str, int] = index.vocab_dict
         self.data = np.asarray(index.scores["data"])
         self.indices = np.asarray(index.scores["indices"])
@@ -52,8 +76,8 @@ class BM25Retriever:
         self._lock = threading.Lock()  # one buffer: a server's worker threads take turns (the GIL would anyway)
 
     @classmethod
-    def from_corpus(cls, path) -> BM25Retriever:
-        return cls(load_corpus(path))
+    def from_corpus(cls, path, index_dir: str | Path = "") -> BM25Retriever:
+        return cls(load_corpus(path), index_dir)
 
     def __len__(self) -> int:
         return len(self.passages)

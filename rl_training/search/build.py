@@ -12,7 +12,7 @@ def make_retriever(cfg: SearchCfg) -> Retriever:
     if cfg.retriever == "bm25":
         from rl_training.search.bm25 import BM25Retriever
 
-        return BM25Retriever.from_corpus(cfg.corpus)
+        return BM25Retriever.from_corpus(cfg.corpus, cfg.bm25_index)
     if not cfg.url:
         raise ValueError("search.retriever=http needs search.url (http://host:port/retrieve)")
     from rl_training.search.client import HttpRetriever

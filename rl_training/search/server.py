@@ -67,7 +67,7 @@ def build_retriever(a: argparse.Namespace) -> tuple[Retriever, int]:
     if a.retriever == "bm25":
         from rl_training.search.bm25 import BM25Retriever
 
-        r = BM25Retriever.from_corpus(a.corpus)
+        r = BM25Retriever.from_corpus(a.corpus, a.bm25_index)
         return r, len(r)
     from rl_training.search.dense import DenseRetriever
 
@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help='jsonl of {"id", "contents"} (Search-R1 / wiki-18 form)')
     ap.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
+    ap.add_argument("--bm25-index", default="", help="bm25: load the index from this directory, or build and save it")
     ap.add_argument("--index", default="", help="dense: FAISS index file (row i = corpus line i)")
     ap.add_argument("--encoder", default="", help="dense: query encoder, a local path or hub id (e.g. e5-base-v2)")
     ap.add_argument("--device", default="cuda", help="dense: device of the encoder")
