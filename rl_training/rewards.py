@@ -217,11 +217,15 @@ def search_answer_classes(completions: Sequence[str], timeout_s: float = 5.0) ->
     return [None if a is None else ids.setdefault(normalize_answer(a), len(ids)) for a in answers]
 
 
+def _search_reference_reward(completion: str, reference: str, match: str, format_score: float) -> float:
+    return search_reward(completion, [reference], match, format_score)
+
+
 def search_task(match: str = "em", format_score: float = 0.0) -> Task:
     """`reward` (one completion against the reference alone) serves evals' per-sample tools; training and
     evals' batch grading use every golden answer through the batch scorer."""
     return Task(
-        partial(search_reward, match=match, format_score=format_score),
+        partial(_search_reference_reward, match=match, format_score=format_score),
         lambda c: last_answer(c) is not None,
         answer_classes=search_answer_classes,
         batch_scorer=search_batch_scorer(match, format_score),

@@ -13,7 +13,7 @@ import pytest
 
 from rl_training.config import load_config
 from rl_training.data.sources import DataError, Example, load_examples
-from rl_training.rewards import TASKS, score_completions
+from rl_training.rewards import TASKS, score_completions, search_task
 from rl_training.search.bm25 import BM25Retriever
 from rl_training.search.retriever import information_block, load_corpus
 from rl_training.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
@@ -128,6 +128,11 @@ def test_batch_scorer_uses_every_golden_answer():
     assert s.parts == {"em": [1.0, 0.0, 0.0], "subem": [1.0, 1.0, 0.0], "answered": [1.0, 1.0, 0.0]}
     sub = score_completions(TASKS["search_subem"], comps, ex * 3, timeout_s=5)
     assert sub.rewards == [1.0, 1.0, 0.0] and sub.correct == [True, True, False]
+    # the per-sample reward (evals' tools) grades against the reference string as one answer, not its characters
+    assert TASKS["search"].reward("<answer>the paris</answer>", "Paris") == 1.0
+    assert TASKS["search"].reward("<answer>p</answer>", "Paris") == 0.0
+    assert TASKS["search_subem"].reward("<answer>in Paris</answer>", "Paris") == 1.0
+    assert search_task("em", 0.1).reward("<answer>Lyon</answer>", "Paris") == 0.1
     assert TASKS["search"].answer_classes(["<answer>The Bard</answer>", "<answer>bard</answer>", "x"]) == [0, 0, None]
 
 
