@@ -344,6 +344,10 @@ def test_dense_retriever_over_a_faiss_index_through_the_server(corpus, tiny_mode
         client = HttpRetriever(url, retries=0)
         assert client.health() == {"status": "ok", "retriever": "dense", "passages": 4}
         assert [h[0].id for h in client.retrieve([passages[2].contents], 1).passages] == ["2"]
+    with pytest.raises(
+        RuntimeError, match=r"cannot load the encoder '/nonexistent/e5'.*offline, pass a local directory"
+    ):
+        DenseRetriever(str(tmp_path / "flat.index"), str(corpus), "/nonexistent/e5", device="cpu")
     with pytest.raises(ValueError, match="holds 4 vectors for 3 passages"):
         short = tmp_path / "short.jsonl"
         short.write_text("".join(json.dumps(d) + "\n" for d in DOCS[:3]))

@@ -47,9 +47,13 @@ class Encoder:
         from transformers import AutoModel, AutoTokenizer
 
         self.name, self.device, self.max_tokens = name, device, max_tokens
-        self.tokenizer = AutoTokenizer.from_pretrained(name)
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
-        self.model = AutoModel.from_pretrained(name, dtype=dtype).to(device).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name)
+            self.model = AutoModel.from_pretrained(name, dtype=dtype).to(device).eval()
+        except OSError as e:  # not on disk, not in the cache, no network (compute nodes run offline)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeError(f"cannot load the encoder {name!r} ({first}); offline, pass a local directory") from None
 
     def encode(self, texts: list[str], prefix: str = "") -> np.ndarray:
         """[len(texts), hidden] float32: mean of the last hidden states over the attention mask, L2
