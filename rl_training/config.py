@@ -85,8 +85,10 @@ class LoraCfg:
 
 @dataclass
 class DataCfg:
-    format: Literal["gsm8k", "math", "reverse"] = _f(
-        "reverse", "Task format: gsm8k ('#### N' answers), math (\\boxed answers), reverse (synthetic)."
+    format: Literal["gsm8k", "math", "reverse", "search", "search_subem"] = _f(
+        "reverse",
+        "Task format: gsm8k ('#### N' answers), math (\\boxed answers), reverse (synthetic), search / "
+        "search_subem (Search-R1 rows graded by exact / substring match, docs/search.md).",
     )
     train: str = _f(
         "data/reverse/train.jsonl",
@@ -275,6 +277,24 @@ class SftCfg:
 
 
 @dataclass
+class SearchCfg:
+    """The retriever of the search task family (data.format=search*); docs/search.md."""
+
+    retriever: Literal["bm25", "http", "none"] = _f(
+        "bm25", "bm25: in-process over `corpus`; http: a /retrieve server at `url`; none: retrieves nothing (ablation)."
+    )
+    corpus: str = _f("data/search/corpus.jsonl", 'Corpus jsonl of {"id", "contents"} for retriever=bm25.')
+    bm25_index: str = _f("", "retriever=bm25: load the index from this directory, or build and save it there.")
+    url: str = _f("", "retriever=http: the server's http://host:port/retrieve (NO_PROXY gets its host).")
+    request_shape: Literal["batched", "single"] = _f(
+        "batched", "HTTP request shape: batched (Search-R1: all queries in one request) or single (SkyRL: one each)."
+    )
+    topk: int = _f(3, "Passages per search (Search-R1: 3).", ge=1, le=100)
+    timeout_s: float = _f(10.0, "Per HTTP request; a timed-out search becomes an error observation.", gt=0)
+    retries: int = _f(2, "Extra HTTP attempts after a connection error, time-out or 5xx status.", ge=0, le=10)
+
+
+@dataclass
 class Config:
     run: RunCfg = field(default_factory=RunCfg)
     model: ModelCfg = field(default_factory=ModelCfg)
@@ -291,6 +311,7 @@ class Config:
     sync: SyncCfg = field(default_factory=SyncCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     sft: SftCfg = field(default_factory=SftCfg)
+    search: SearchCfg = field(default_factory=SearchCfg)
 
 
 @dataclass(frozen=True)
@@ -589,7 +610,7 @@ def get_key(cfg: Config, key: str) -> Any:
 
 # Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
 # ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
-PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume"]
+PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume", "search.corpus", "search.bm25_index"]
 
 
 def absolute_path(value: str) -> str:

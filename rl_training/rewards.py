@@ -11,6 +11,8 @@ Graders
   the cases: tests/test_grading.py.
 - `reverse_reward`: the synthetic string-reversal task; dense partial credit = matching positions /
   max(len(pred), len(ref)), so 1.0 only for the exact reversal.
+- search tasks: Search-R1's exact (or substring) match of the last <answer> of the sampled text against any
+  golden answer in Example.meta (rl_training/search/reward.py), graded by `search_batch_scorer`.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from rl_training.data.sources import Example, last_boxed
+from rl_training.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
 
 RewardFn = Callable[[str, str], float]
 
@@ -250,10 +254,59 @@ class Task:
     count_names: tuple[str, ...] = ()
 
 
+# ------------------------------------------------------------------------------------------ search tasks
+SEARCH_PARTS = ("em", "subem", "answered")  # per episode: exact match, substring match, has an <answer>
+
+
+def search_batch_scorer(match: str = "em", format_score: float = 0.0) -> BatchScorer:
+    """Grades each completion (the episode's sampled text only, see search/reward.py) against all of its
+    example's meta["golden_answers"] (the reference alone when there are none)."""
+
+    def score(completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
+        parts: dict[str, list[float]] = {k: [] for k in SEARCH_PARTS}
+        rewards = []
+        for c, ex in zip(completions, examples, strict=True):
+            golden = ex.meta.get("golden_answers") or [ex.reference]
+            rewards.append(search_reward(c, golden, match, format_score))
+            pred = last_answer(c)
+            parts["answered"].append(float(pred is not None))
+            parts["em"].append(float(pred is not None and exact_match(pred, golden)))
+            parts["subem"].append(float(pred is not None and substring_match(pred, golden)))
+        correct = [x == 1.0 for x in parts[match]]
+        return Scores(rewards, correct, [x == 1.0 for x in parts["answered"]], 0, 0, 0, parts)
+
+    return score
+
+
+def search_answer_classes(completions: Sequence[str], timeout_s: float = 5.0) -> list[int | None]:
+    """Voting classes by the normalised last answer; no answer = None."""
+    ids: dict[str, int] = {}
+    answers = [last_answer(c) for c in completions]
+    return [None if a is None else ids.setdefault(normalize_answer(a), len(ids)) for a in answers]
+
+
+def _search_reference_reward(completion: str, reference: str, match: str, format_score: float) -> float:
+    return search_reward(completion, [reference], match, format_score)
+
+
+def search_task(match: str = "em", format_score: float = 0.0) -> Task:
+    """`reward` (one completion against the reference alone) serves evals' per-sample tools; training and
+    evals' batch grading use every golden answer through the batch scorer."""
+    return Task(
+        partial(_search_reference_reward, match=match, format_score=format_score),
+        lambda c: last_answer(c) is not None,
+        answer_classes=search_answer_classes,
+        batch_scorer=search_batch_scorer(match, format_score),
+        part_names=SEARCH_PARTS,
+    )
+
+
 TASKS: dict[str, Task] = {
     "gsm8k": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "math": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "reverse": Task(reverse_reward, reverse_has_answer),
+    "search": search_task("em"),
+    "search_subem": search_task("subem"),
 }
 
 

@@ -19,7 +19,11 @@ What it does on each node, in this order:
 4. Runs torchrun with --nnodes=$SLURM_NNODES, one worker per GPU (RL_NPROC_PER_NODE overrides), c10d
    rendezvous at RL_RDZV_ENDPOINT (host:port, resolved by the batch script on the head node), with node 0
    hosting the store (is_host: no guessing from hostnames on multi-NIC hosts).
-5. Exits 75 when the workers stopped on the signal after a checkpoint (see exit_status), else 1 for a
+5. With RL_RETRIEVER_ARGS or RL_RETRIEVER_URL (search tasks), starts this node's retrieval server on 127.0.0.1
+   or uses the given one, waits for its /health (RL_RETRIEVER_DEADLINE_S), puts its exact host in NO_PROXY
+   and points the runner at it (search.retriever=http search.url=...); stops it at exit. See
+   `start_retriever`.
+6. Exits 75 when the workers stopped on the signal after a checkpoint (see exit_status), else 1 for a
    failure, 0 for success.
 """
 
@@ -33,6 +37,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 STOPPED_EXIT_CODE = 75  # rl_training.stopping.STOPPED_EXIT_CODE (not imported: that module imports torch)
@@ -171,6 +177,13 @@ def main(argv=None) -> int:
     stop_file = local / "stop_requested"
     wenv["RL_STOP_FILE"] = str(stop_file)
 
+    try:
+        retriever = start_retriever(env, wenv, local, Path(f"retriever-{job}-{node}.log").resolve())
+    except RetrieverError as e:
+        print(f"slurm_launch[{node}]: {e}", file=sys.stderr, flush=True)
+        shutil.rmtree(local, ignore_errors=True)
+        return 1
+    args = [*args, *retriever.overrides]
     targs = torchrun_args(nnodes, nproc, env["RL_RDZV_ENDPOINT"], job, node_id == 0, entry)
     print(
         f"slurm_launch[{node} {node_id}/{nnodes}]: torchrun {' '.join(targs)} {' '.join(map(redact, args))}\n"
@@ -187,10 +200,99 @@ def main(argv=None) -> int:
     try:
         return run_torchrun([*targs, *args])
     finally:
+        retriever.stop()
         done.set()
         watcher.join()
         if env.get("RL_KEEP_NODE_LOCAL") != "1":
             shutil.rmtree(local, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- retrieval server (search tasks)
+class RetrieverError(RuntimeError):
+    pass
+
+
+@dataclass
+class RetrieverServer:
+    """This node's retriever: the runner overrides that point at it, and the server process if we started it.
+    With neither knob set it is a null object (no overrides, nothing to stop)."""
+
+    url: str = ""
+    proc: subprocess.Popen | None = None
+    overrides: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()  # uvicorn shuts down on SIGTERM
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_retriever(env: dict[str, str], wenv: dict[str, str], local: Path, log: Path) -> RetrieverServer:
+    """RL_RETRIEVER_ARGS='--corpus C.jsonl [--retriever dense --index I --encoder E ...]': run
+    `python -m rl_training.search.server ARGS --host 127.0.0.1 --port 0` on this node (its output in `log`);
+    RL_RETRIEVER_URL=http://host:port/retrieve: a server that already runs. Either way /health must answer
+    within RL_RETRIEVER_DEADLINE_S (default 900: a FAISS index takes minutes to load), the host goes into
+    wenv's NO_PROXY (exact name), and the runner gets search.retriever=http search.url=URL (appended: they win).
+    Raises RetrieverError (after stopping what it started) when the server dies or misses the deadline."""
+    import shlex
+
+    from rl_training.search.client import no_proxy_hosts
+
+    server_args, url = env.get("RL_RETRIEVER_ARGS", ""), env.get("RL_RETRIEVER_URL", "")
+    if not server_args and not url:
+        return RetrieverServer()
+    if server_args and url:
+        raise RetrieverError("set RL_RETRIEVER_ARGS (start a server per node) or RL_RETRIEVER_URL, not both")
+    deadline = time.monotonic() + float(env.get("RL_RETRIEVER_DEADLINE_S", "900"))
+    server = RetrieverServer(url)
+    if server_args:
+        port_file = local / "retriever.port"
+        cmd = [sys.executable, "-m", "rl_training.search.server", *shlex.split(server_args)]
+        cmd += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
+        with log.open("ab") as out:
+            server.proc = subprocess.Popen(cmd, env=wenv, stdout=out, stderr=subprocess.STDOUT)
+        print(f"slurm_launch: retriever {' '.join(cmd[1:])} (log {log})", flush=True)
+        while not port_file.exists():
+            _check_server(server, deadline, log)
+            time.sleep(0.2)
+        server.url = f"http://127.0.0.1:{port_file.read_text().strip()}/retrieve"
+    no_proxy_hosts(wenv, [server.url])
+    health = _wait_healthy(server, deadline, log)
+    print(f"slurm_launch: retriever {server.url} healthy: {health}", flush=True)
+    server.overrides = ["search.retriever=http", f"search.url={server.url}"]
+    return server
+
+
+def _check_server(server: RetrieverServer, deadline: float, log: Path) -> None:
+    if server.proc is not None and server.proc.poll() is not None:
+        raise RetrieverError(f"the retrieval server exited with status {server.proc.returncode}; see {log}")
+    if time.monotonic() > deadline:
+        server.stop()
+        raise RetrieverError(
+            f"the retrieval server {server.url or ''} was not healthy by RL_RETRIEVER_DEADLINE_S; see {log}"
+        )
+
+
+def _wait_healthy(server: RetrieverServer, deadline: float, log: Path) -> dict:
+    import requests
+
+    from rl_training.search.client import HttpRetriever
+
+    client = HttpRetriever(server.url, timeout_s=5.0, retries=0)
+    try:
+        while True:
+            try:
+                return client.health()
+            except requests.RequestException:
+                _check_server(server, deadline, log)
+                time.sleep(0.5)
+    finally:
+        client.close()
 
 
 def watch_stop_signal(path: Path, done: threading.Event) -> None:

@@ -5,7 +5,10 @@ A source is a path (.jsonl, .json, .parquet) or a Hugging Face `datasets` spec '
 References are normalised once here, so rewards receive the bare final answer:
 - gsm8k: the text after the last '####', thousands separators removed ("1,234" -> "1234");
 - math: the last \\boxed{...} of the answer/solution field, or the field itself when it has no \\boxed;
-- reverse: the answer field as is.
+- reverse: the answer field as is;
+- search (and search_subem): Search-R1's rows as their scripts/data_process/*.py write them (question,
+  reward_model.ground_truth.target = the golden answers, data_source) or plain jsonl
+  {"question", "golden_answers": [...]} (or a single "answer"); see `search_example`.
 """
 
 from __future__ import annotations
@@ -68,6 +71,41 @@ def reference_of(fmt: str, answer: str, where: str) -> str:
         boxed = last_boxed(answer)
         return boxed if boxed is not None else answer.strip()
     return answer
+
+
+SEARCH_FORMATS = ("search", "search_subem")
+
+
+def _golden_answers(rec: dict, where: str, answer_key: str) -> list[str]:
+    gt = rec.get("reward_model")
+    if isinstance(gt, dict) and isinstance(gt.get("ground_truth"), dict) and "target" in gt["ground_truth"]:
+        golden, key = gt["ground_truth"]["target"], "reward_model.ground_truth.target"
+    elif "golden_answers" in rec:
+        golden, key = rec["golden_answers"], "golden_answers"
+    elif answer_key in rec:
+        golden, key = [rec[answer_key]], answer_key
+    else:
+        raise DataError(
+            f"{where}: no golden answers (reward_model.ground_truth.target, golden_answers or {answer_key})"
+        )
+    if isinstance(golden, str | int | float):
+        golden = [golden]
+    if not isinstance(golden, list) or not golden or not all(isinstance(g, str | int | float) for g in golden):
+        raise DataError(f"{where}: key '{key}' must be a non-empty list of strings, got {golden!r:.80}")
+    return [str(g) for g in golden]
+
+
+def search_example(rec: dict, where: str, question_key: str = "question", answer_key: str = "answer") -> Example:
+    """A Search-R1 row (or its plain jsonl form) as an Example: the question as is (Search-R1's data scripts
+    already added the '?'), reference = the first golden answer, meta = {"golden_answers": all of them,
+    "data_source": ...}. The row's `prompt` column (their instruction around the question) is not read:
+    the prompt comes from data.prompt_template, so one template serves every source (docs/search.md)."""
+    q = rec.get(question_key)
+    if not isinstance(q, str) or not q.strip():
+        raise DataError(f"{where}: key '{question_key}' must be a non-empty string (has: {', '.join(map(str, rec))})")
+    golden = _golden_answers(rec, where, answer_key)
+    meta = {"golden_answers": golden, "data_source": str(rec.get("data_source", ""))}
+    return Example(q.strip(), golden[0], golden[0], where, meta)
 
 
 def _records_from_file(path: Path):
@@ -138,6 +176,11 @@ def load_examples(
     for where, rec in records:
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        if fmt in SEARCH_FORMATS:
+            out.append(search_example(rec, where, question_key, answer_key))
+            if limit and len(out) >= limit:
+                break
+            continue
         for key in (question_key, answer_key):
             if key not in rec:
                 raise DataError(f"{where}: missing key '{key}' (has: {', '.join(map(str, rec))})")
