@@ -26,6 +26,7 @@ from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.metrics import MetricsLogger, peak_memory
 from rl_training.models import apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.platform_check import require_working_cuda
 from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
 
 
@@ -61,6 +62,7 @@ def save_final_model(model, tokenizer, out_dir, merge: bool) -> None:
 
 
 def sft(cfg, info) -> None:
+    require_working_cuda()  # never a silent CPU run on a GPU node
     resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
     d = derive(cfg, info.world_size)
     s = cfg.sft
