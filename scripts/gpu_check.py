@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     rows.append(gpu_tests_row(cuda and platform_ok, a.skip_tests, skip))
     if (cuda and platform_ok) or a.run_on_cpu:
         with tempfile.TemporaryDirectory() as tmp:
-            work = Path(a.keep or tmp)
+            work = Path(a.keep or tmp).resolve()  # the runner prints absolute checkpoint paths
             work.mkdir(parents=True, exist_ok=True)
             rows += rl_rows(work, cuda)
     else:

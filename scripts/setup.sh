@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or refresh the project's virtual environment at .venv; a no-op when it is already up to date.
-#   scripts/setup.sh            # auto: gpu if nvidia-smi lists a GPU, else cpu
+#   scripts/setup.sh            # auto: gpu if nvidia-smi lists a GPU, else the platform .venv was built for, else cpu
 #   scripts/setup.sh cpu|gpu    # build a GPU venv on a GPU node, not on a GPU-less login node
 #   scripts/setup.sh --print-python   # the Python >= 3.11 it would build .venv with, then exit
 # Python: $PYTHON if set, else the newest of python3.13 / python3.12 / python3.11 / python3 on PATH that is
@@ -50,14 +50,17 @@ find_python() {
 
 if [ "${1:-}" = --print-python ]; then find_python; exit 0; fi
 
+stamp=.venv/.setup-stamp
 platform="${1:-auto}"
 if [ "$platform" = auto ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then platform=gpu; else platform=cpu; fi
-  echo "setup: platform $platform (auto; on a GPU-less login node pass 'gpu' explicitly, or build the venv on a GPU node)"
+  # Never turn a GPU venv into a CPU one because `make` ran on a GPU-less login node: without a GPU, keep
+  # the platform the venv was built for.
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then platform=gpu
+  elif [ -f "$stamp" ] && read -r built _ < "$stamp" && [ "$built" = gpu ]; then platform=gpu
+  else platform=cpu; fi
 fi
 case "$platform" in cpu|gpu) ;; *) echo "setup.sh: platform must be cpu, gpu or auto, got '$platform'" >&2; exit 2;; esac
 
-stamp=.venv/.setup-stamp
 want="$platform $(cat requirements.txt "requirements-$platform.txt" pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -x .venv/bin/python ]; then
   v="$(py_version .venv/bin/python)" || v=unknown

@@ -144,3 +144,15 @@ def test_no_wheel_on_aarch64_is_a_clear_error_not_a_source_build(box):
     assert "no binary wheel for a package of requirements-gpu.txt on aarch64 / Python 3.12" in r.stderr
     assert "nvcr.io/nvidia/vllm" in r.stderr and "--no-binary vllm" in r.stderr
     assert "--only-binary=vllm," in (repo / ".venv" / "pip.log").read_text()
+
+
+def test_auto_never_turns_a_gpu_venv_into_a_cpu_one(box):
+    repo, bin_dir, env = box
+    pythons(bin_dir, python3_12="3.12")
+    assert setup_sh(repo, env, "gpu").returncode == 0
+    r = setup_sh(repo, env)  # auto on a GPU-less login node (no nvidia-smi on PATH): keeps gpu
+    assert r.returncode == 0 and "up to date (gpu)" in r.stdout
+    executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)'\n")
+    (repo / ".venv" / ".setup-stamp").write_text("cpu 0\n")  # a cpu venv, now on a GPU node: auto upgrades
+    r = setup_sh(repo, env)
+    assert r.returncode == 0 and (repo / ".venv" / ".setup-stamp").read_text().startswith("gpu ")
