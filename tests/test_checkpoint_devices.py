@@ -17,6 +17,8 @@ from rl_training.models import build_policy, trainable_parameters
 from rl_training.setup import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
+# torch.load of a cuda-tagged file only fails where CUDA is missing: what these tests stage.
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="stages a GPU checkpoint read without CUDA")
 
 
 def save_as_cuda(monkeypatch, obj, path: Path) -> None:
@@ -27,6 +29,7 @@ def save_as_cuda(monkeypatch, obj, path: Path) -> None:
     monkeypatch.undo()
 
 
+@no_cuda
 def test_gpu_tagged_file_needs_map_location(tmp_path, monkeypatch):
     save_as_cuda(monkeypatch, {"exp_avg": torch.ones(3)}, tmp_path / "x.pt")
     with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
@@ -46,6 +49,7 @@ def test_optimizer_state_is_rehomed_to_the_param_device(tmp_path):
     assert opt2.state[q]["exp_avg"].device.type == "meta" and opt2.state[q]["exp_avg_sq"].device.type == "meta"
 
 
+@no_cuda
 def test_rng_state_with_more_gpus_than_the_loader_has_restores_the_cpu_streams():
     state = ck.rng_state()
     assert "cuda" not in state  # this CPU machine
@@ -70,6 +74,7 @@ def test_rank_restores_its_own_device_state(monkeypatch):
     assert restored == [2, 3]
 
 
+@no_cuda
 def test_checkpoint_written_on_gpu_node_resumes_on_cpu(tiny_model, tmp_path, monkeypatch):
     cfg = load_config(str(REPO / "cfg" / "testconfig.yaml"), [f"model.name_or_path={tiny_model}"])
     _, model = build_policy(cfg, torch.device("cpu"))

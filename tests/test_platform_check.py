@@ -16,6 +16,8 @@ from rl_training.runners import sft_runner
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3, 570.86.15"
+# What these tests stage (a CPU torch on a GPU node) needs this machine's CPU torch; a CUDA machine skips them.
+needs_cpu_torch = pytest.mark.skipif(torch.version.cuda is not None, reason="stages a CPU torch build")
 
 
 def fake_nvidia_smi(bin_dir: Path, lines: list[str], status: int = 0) -> None:
@@ -76,6 +78,7 @@ def test_cuda_problem_names_each_cause():
         assert "\n" not in pc.cuda_problem(p)  # one line
 
 
+@needs_cpu_torch
 def test_runner_refuses_a_cpu_torch_on_a_gpu_node(gpu_node, capsys):
     assert torch.version.cuda is None and not torch.cuda.is_available()  # this machine's CPU torch
     rc = sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), f"run.output_dir={gpu_node / 'runs'}"])
@@ -85,6 +88,7 @@ def test_runner_refuses_a_cpu_torch_on_a_gpu_node(gpu_node, capsys):
     assert err.count("\n") == 1 and not (gpu_node / "runs").exists()  # refused before anything was written
 
 
+@needs_cpu_torch
 def test_evals_refuse_and_override(gpu_node, capsys, monkeypatch):
     from evals import run as evals_run
 
@@ -94,6 +98,7 @@ def test_evals_refuse_and_override(gpu_node, capsys, monkeypatch):
     pc.require_working_cuda()  # the explicit override
 
 
+@needs_cpu_torch
 def test_cpu_machine_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     (tmp_path / ".setup-stamp").write_text("cpu 0123abcd\n")
