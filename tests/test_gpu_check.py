@@ -87,3 +87,17 @@ def test_help_names_the_make_target(capsys):
     with pytest.raises(SystemExit):
         gc.main(["--help"])
     assert "make gpu-check" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@needs_cpu_torch
+def test_rl_rows_run_for_real_on_cpu(tmp_path, capsys):
+    """The RL rows end to end with --run-on-cpu (float32, the CPU vLLM, 4 steps + resume to 6): the same
+    subprocesses and metric reads a GPU machine runs; the sleep rows stay SKIP (no sleep mode on CPU)."""
+    assert gc.main(["--run-on-cpu", "--skip-tests", "--keep", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.split("\n\n")[-1].splitlines()
+    result = {line.split("  ")[0]: line for line in table[2:-2]}
+    for check in ("RL steps (float32, CPU)", "canary logp_diff_mean (float32)", "checkpoint + resume"):
+        assert " PASS " in result[check], result[check]
+    assert "versions [2.0, 3.0, 4.0, 5.0]" in result["weights synced every step"]  # build + one sync per step
+    assert " SKIP " in result["vLLM sleep frees memory"]

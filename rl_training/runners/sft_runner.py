@@ -10,7 +10,7 @@ RL runner's model.name_or_path at it to start RL from the SFT checkpoint. A run 
 a final_model is refused unless sft.overwrite=true.
 
 A full fine-tune with model.dtype=bfloat16 trains fp32 weights under bf16 autocast and saves bf16: AdamW
-on bf16 weights rounds away every update below half the weight's bf16 spacing (about 2^-9 of its magnitude).
+on bf16 weights rounds away every update below half the weight's bf16 spacing (2^-9 to 2^-8 of its magnitude).
 """
 
 from __future__ import annotations
