@@ -136,7 +136,7 @@ def check_vllm_ops() -> str:
     return f"vllm {vllm.__version__}"
 
 
-def check_triton() -> str:
+def check_triton(device: str = "cuda") -> str:
     import torch
     import triton
     import triton.language as tl
@@ -147,7 +147,7 @@ def check_triton() -> str:
         mask = i < n
         tl.store(out_ptr + i, tl.load(x_ptr + i, mask=mask) + tl.load(y_ptr + i, mask=mask), mask=mask)
 
-    x = torch.arange(1000, device="cuda", dtype=torch.float32)
+    x = torch.arange(1000, device=device, dtype=torch.float32)
     out = torch.empty_like(x)
     add[(4,)](x, x, out, x.numel(), BLOCK=256)
     if not torch.equal(out, 2 * x):

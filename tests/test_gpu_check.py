@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -81,6 +82,23 @@ def test_gpu_node_with_cpu_torch_fails(tmp_path, monkeypatch, capsys):
     assert table[2].startswith("platform") and " FAIL " in table[2] and "is a CPU build" in table[2]
     assert "(CUDA unusable: see platform)" in table[3]
     assert table[-1].startswith("verdict: FAIL (platform)")
+
+
+def test_triton_kernel_check_runs_in_tritons_interpreter():
+    """The kernel of the 'Triton kernel' row, run by Triton's CPU interpreter (on a GPU it is compiled)."""
+    code = "import gpu_check; print(gpu_check.check_triton('cpu'))"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO / 'scripts'}{os.pathsep}{REPO}"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().startswith("triton ")
+
+
+def test_a_raising_check_is_a_fail_row():
+    def broken():
+        raise ImportError("libcudart.so.13: cannot open shared object file\nmore lines")
+
+    row = gc.guarded("vllm._C", broken, "imports")
+    assert (row.result, row.value) == (gc.FAIL, "ImportError: libcudart.so.13: cannot open shared object file")
 
 
 def test_help_names_the_make_target(capsys):
