@@ -3,10 +3,15 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup demo test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
+
+# First run on a new GPU machine (docs/gpu.md): the stack, the gpu tests, bf16 RL steps with sleep/wake and
+# resume, NCCL on 2 GPUs; one verdict table, exit 1 on a FAIL. About 5 minutes; on CPU the CUDA rows SKIP.
+gpu-check: setup
+	$(PY) scripts/gpu_check.py
 
 demo: setup
 	$(PY) scripts/demo.py

@@ -50,6 +50,7 @@ from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_chec
 from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
 from rl_training.errors import USER_ERRORS
 from rl_training.models import load_tokenizer
+from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
 from rl_training.rollout.base import resolve_backend_name
 
@@ -255,6 +256,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--name {a.name!r}: use letters, digits, '.', '_' and '-' (it names RUN/eval/NAME)")
     if a.name is not None:
         check_name_free(a.name)
+    require_working_cuda()  # never a silent CPU run on a GPU node
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("evals.run runs in one process: launch it with python, not torchrun")

@@ -35,9 +35,11 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict:
+    """This process's RNG streams. CUDA: the rank's own device only (dist.init_distributed set it current);
+    saving every visible GPU's state made a resume that sees fewer GPUs fail."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -45,8 +47,15 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():  # saved or loaded without a GPU: the CPU streams suffice
+        return
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state, the rank's own at its index
+        device = torch.cuda.current_device()
+        if device >= len(cuda):
+            return
+        cuda = cuda[device]
+    torch.cuda.set_rng_state(cuda)
 
 
 def _fsync_tree(path: Path) -> None:
@@ -202,6 +211,11 @@ def resume_changes(path: Path, config_yaml: str) -> list[str]:
     return [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed]
 
 
+def load_cpu(path: Path):
+    """torch.load onto the CPU (our own files: numpy RNG state and optimizer dicts need weights_only=False)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_size: int) -> Restored:
     """Restore adapter, optimizer, scheduler and this rank's RNG state. Call after the model is built."""
     from peft import set_peft_model_state_dict
@@ -220,13 +234,15 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_si
     missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
     if missing:  # modules adapted now but not then would silently start from a fresh init
         raise CheckpointError(f"{path}: adapter lacks {len(missing)} LoRA tensors this model has: {missing[:3]}")
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    # map_location="cpu": a GPU checkpoint loads on a CPU machine, and no rank puts state on GPU 0 (where
+    # torch.load would restore CUDA tensors); Optimizer.load_state_dict moves the state to each param's device.
+    optimizer.load_state_dict(load_cpu(path / "optimizer.pt"))
+    scheduler.load_state_dict(load_cpu(path / "scheduler.pt"))
     state = json.loads((path / "trainer_state.json").read_text())
     if state.get("world_size", 1) != world_size:
         raise CheckpointError(
             f"{path}: saved with world size {state.get('world_size')}, now {world_size}; "
             "per-rank RNG and data shards would not continue the same run"
         )
-    set_rng_state(torch.load(path / f"rng_rank{rank}.pt", weights_only=False))
+    set_rng_state(load_cpu(path / f"rng_rank{rank}.pt"))
     return Restored(step=step, trainer_state=state, path=path)

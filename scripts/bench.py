@@ -3,11 +3,11 @@
     .venv/bin/python scripts/bench.py --cfg cfg/tiny_cpu.yaml [--steps 20 --warmup 3] [--backends hf,vllm]
         [--batches 8,16] [--out bench_results/bench.json] [key=value ...]
 
-Each backend (and batch size) gets its own freshly built run (same seed, same config, a temp output dir), and
-the runs take turns step by step, so a noisy shared machine slows them alike; compare the ratios. The first
-`--warmup` steps of each are excluded. Overrides apply to every run. `--backends` defaults to hf,vllm where vllm
-is installed. All runs share this process, so the peak RSS column is the process's, not one backend's; run one
-backend alone to read its memory.
+Each backend (and batch size) gets its own freshly built run (same seed, same config, a temp output dir) in its
+own worker process, and the runs take turns step by step, so a noisy shared machine slows them alike; compare the
+ratios. The first `--warmup` steps of each are excluded. Overrides apply to every run. `--backends` defaults to
+hf,vllm where vllm is installed. One process per run: vLLM's sleep mode allows one engine per process (its CuMem
+allocator asserts otherwise), and the peak RSS column is then each run's own.
 
 `--batches B1,B2,...` runs each backend at those rollout.prompts_per_step values and fits the step-time model
 step_s = t_f + t_u * B (GNS_ESS.md 1.6); it prints the probe.step_time_fixed_s / probe.step_time_per_group_s
@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,9 +49,9 @@ def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str, n
     return setup(cfg, dist.init_distributed())
 
 
-def summarize(rows: list[dict], run) -> dict:
+def summarize(rows: list[dict], n_seq: int) -> dict:
+    """Medians over the measured steps of one run; n_seq: completions per step."""
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    n_seq = run.cfg.rollout.prompts_per_step * run.cfg.rollout.group_size
     step = med["perf/step_s"]
     return {
         "step_s": step,
@@ -61,8 +63,7 @@ def summarize(rows: list[dict], run) -> dict:
         "completions_per_s": n_seq / step,
         "gen_tokens_per_s": med["perf/gen_tokens_per_s"],
         "tokens_per_s": med["perf/tokens_per_s"],
-        # every run lives in this one process: its peak RSS covers all of them (and is the same in each column)
-        "process_peak_rss_gb": max(r["mem/peak_rss_gb"] for r in rows),
+        "peak_rss_gb": max(r["mem/peak_rss_gb"] for r in rows),  # the run's own worker process
         "steps_measured": len(rows),
     }
 
@@ -79,7 +80,65 @@ def print_table(results: dict[str, dict], compare: bool = True) -> None:
         print(f"{b} step speed-up over {a}: {speedup:.2f}x ({a} step time / {b} step time)")
 
 
-def main() -> int:
+MARK = "@@bench "  # prefix of protocol lines on a worker's stdout (the runner prints its config there too)
+
+
+def serve(a: argparse.Namespace) -> int:
+    """Worker: build one run, then answer each step number read from stdin with that step's perf/mem metrics."""
+    run = build_run(a.cfg, a.backend, a.overrides, a.out_dir, a.name)
+    c = run.cfg
+    send({"n_seq": c.rollout.prompts_per_step * c.rollout.group_size, "header": describe(c), "pid": os.getpid()})
+    try:
+        while line := sys.stdin.readline():  # a step number per line; EOF ends the worker
+            m = run_step(run, int(line))
+            send({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
+    finally:
+        run.backend.close()
+    return 0
+
+
+def send(obj: dict) -> None:
+    print(MARK + json.dumps(obj), flush=True)
+
+
+def describe(cfg) -> str:
+    r = cfg.rollout
+    return (
+        f"{r.prompts_per_step} prompts x {r.group_size} completions, {r.max_new_tokens} max new tokens, "
+        f"model {cfg.model.name_or_path}"
+    )
+
+
+class Worker:
+    """One run in its own process (`bench.py --serve`), driven step by step over its stdin/stdout."""
+
+    def __init__(self, label: str, cmd: list[str]):
+        self.label = label
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.ready = self.receive()
+
+    def receive(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK) :])
+        raise RuntimeError(f"bench: the {self.label} worker exited with status {self.proc.wait()} (stderr above)")
+
+    def step(self, step: int) -> dict:
+        self.proc.stdin.write(f"{step}\n")
+        self.proc.stdin.flush()
+        return self.receive()
+
+    def close(self) -> None:
+        """End the worker (EOF on its stdin); a failure has already surfaced in receive()."""
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cfg", default=str(REPO / "cfg" / "tiny_cpu.yaml"))
     ap.add_argument("--steps", type=int, default=20)
@@ -87,8 +146,19 @@ def main() -> int:
     ap.add_argument("--backends", default="hf,vllm" if importlib.util.find_spec("vllm") else "hf")
     ap.add_argument("--batches", default="", help="prompts per step to compare, e.g. 8,16 (fits t_f, t_u)")
     ap.add_argument("--out", default=str(REPO / "bench_results" / "bench.json"))
+    # internal: what the main process passes to its workers
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--backend", help=argparse.SUPPRESS)
+    ap.add_argument("--out-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    a = parse_args()
+    if a.serve:
+        return serve(a)
     backends = a.backends.split(",")
     batches = [int(x) for x in a.batches.split(",") if x]
     total = a.steps + a.warmup
@@ -98,26 +168,25 @@ def main() -> int:
         for n in batches or [0]
     }
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {
-            label: build_run(
-                a.cfg, b, [*a.overrides, *extra, f"train.total_steps={total}"], tmp, label.replace("@", "_")
-            )
-            for label, (b, extra) in plan.items()
-        }
-        rows: dict[str, list[dict]] = {label: [] for label in runs}
-        t0 = time.time()
-        for step in range(total):
-            for label, run in runs.items():  # alternate: every run sees the same machine state
-                m = run_step(run, step)
-                if step >= a.warmup:
-                    rows[label].append({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
-        results = {label: summarize(rows[label], runs[label]) for label in runs}
-    cfg = next(iter(runs.values())).cfg
-    print(
-        f"\n{a.steps} measured steps per run after {a.warmup} warm-up steps; "
-        f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size} completions, "
-        f"{cfg.rollout.max_new_tokens} max new tokens, model {cfg.model.name_or_path} ({time.time() - t0:.0f} s)"
-    )
+        workers = {}
+        try:
+            for label, (b, extra) in plan.items():  # one at a time: engine start-ups do not overlap
+                overrides = [*a.overrides, *extra, f"train.total_steps={total}"]
+                cmd = [sys.executable, __file__, "--serve", "--cfg", a.cfg, "--backend", b, "--out-dir", tmp]
+                workers[label] = Worker(label, [*cmd, "--name", label.replace("@", "_"), "--", *overrides])
+            rows: dict[str, list[dict]] = {label: [] for label in workers}
+            t0 = time.time()
+            for step in range(total):
+                for label, w in workers.items():  # alternate: every run sees the same machine state
+                    m = w.step(step)
+                    if step >= a.warmup:
+                        rows[label].append(m)
+        finally:
+            for w in workers.values():
+                w.close()
+        results = {label: summarize(rows[label], w.ready["n_seq"]) for label, w in workers.items()}
+    header = next(iter(workers.values())).ready["header"]
+    print(f"\n{a.steps} measured steps per run after {a.warmup} warm-up steps; {header} ({time.time() - t0:.0f} s)")
     print_table(results, compare=not batches)
     step_time = {}
     if len(batches) >= 2:
@@ -147,6 +216,7 @@ def main() -> int:
                 "warmup": a.warmup,
                 "results": results,
                 "step_time_model": step_time,
+                "worker_pids": {label: w.ready["pid"] for label, w in workers.items()},
             },
             indent=2,
         )

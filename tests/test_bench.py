@@ -47,6 +47,8 @@ def test_bench_fits_step_time_over_batch_sizes(run_overrides, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads(out.read_text())
     assert set(data["results"]) == {"hf@B2", "hf@B4"}
+    # one process per run: vLLM's sleep mode (CuMem allocator) allows one engine per process
+    assert len(set(data["worker_pids"].values())) == 2 and res.returncode == 0
     for r in data["results"].values():
         assert r["steps_measured"] == 2 and r["step_s"] > 0
         assert math.isfinite(r["completions_per_s"]) and math.isfinite(r["gen_tokens_per_s"])

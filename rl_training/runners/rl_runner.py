@@ -32,6 +32,7 @@ from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_pro
 from rl_training.data.sources import Example, load_examples
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
+from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import LAYOUT as PROBE_LAYOUT
 from rl_training.probes.probe import StepProbes
@@ -300,6 +301,7 @@ def train(run: Run, stop: StopOnSignal) -> int:
 
 
 def rl(cfg: Config, info: dist.DistInfo) -> int:
+    require_working_cuda()  # never a silent CPU run on a GPU node
     with StopOnSignal(cfg.run.stop_signal) as stop:  # before setup: a signal during a long setup still counts
         run = setup(cfg, info)
         try:

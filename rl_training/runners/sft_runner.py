@@ -8,13 +8,18 @@ prompt -> answer-field text + EOS, with the loss on answer tokens only, prompts 
 template as RL. Writes run_dir/final_model/ (a plain HF model + tokenizer, written atomically): point the
 RL runner's model.name_or_path at it to start RL from the SFT checkpoint. A run directory that already has
 a final_model is refused unless sft.overwrite=true.
+
+A full fine-tune with model.dtype=bfloat16 trains fp32 weights under bf16 autocast and saves bf16: AdamW
+on bf16 weights rounds away every update below half the weight's bf16 spacing (2^-9 to 2^-8 of its magnitude).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -25,7 +30,8 @@ from rl_training.config import ConfigError, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.metrics import MetricsLogger, peak_memory
-from rl_training.models import apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.platform_check import require_working_cuda
 from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
 
 
@@ -50,10 +56,10 @@ def collate(pairs, pad_id: int, device):
     return ids.to(device), attn.to(device), labels.to(device)
 
 
-def save_final_model(model, tokenizer, out_dir, merge: bool) -> None:
+def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype) -> None:
     tmp = out_dir.parent / f".tmp_{out_dir.name}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    (model.merge_and_unload() if merge else model).save_pretrained(tmp)
+    (model.merge_and_unload() if merge else model).to(dtype).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -61,6 +67,7 @@ def save_final_model(model, tokenizer, out_dir, merge: bool) -> None:
 
 
 def sft(cfg, info) -> None:
+    require_working_cuda()  # never a silent CPU run on a GPU node
     resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
     d = derive(cfg, info.world_size)
     s = cfg.sft
@@ -75,9 +82,13 @@ def sft(cfg, info) -> None:
     set_cpu_threads()
     seed_all(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    model = load_base_model(cfg.model, info.device)
+    # Low-precision full fine-tunes keep fp32 master weights and compute under autocast (module docstring).
+    # LoRA needs neither: peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype).
+    mixed = s.full_finetune and cfg.model.dtype != "float32"
+    model = load_base_model(dataclasses.replace(cfg.model, dtype="float32") if mixed else cfg.model, info.device)
     if not s.full_finetune:
         model = apply_lora(model, cfg.lora)
+    autocast = torch.autocast(info.device.type, dtype=DTYPES[cfg.model.dtype]) if mixed else nullcontext()
     params = trainable_parameters(model)
     optimizer, scheduler = build_optimizer(
         params,
@@ -105,7 +116,8 @@ def sft(cfg, info) -> None:
         batch = rng.choice(len(pairs), size=s.batch_size, replace=len(pairs) < s.batch_size)
         mine = batch[info.rank * per_rank : (info.rank + 1) * per_rank]
         ids, attn, labels = collate([pairs[i] for i in mine], tokenizer.pad_token_id, info.device)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
+        with autocast:
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         dist.average_gradients_(params)
@@ -127,7 +139,7 @@ def sft(cfg, info) -> None:
             print(f"sft step {step + 1}/{s.steps} loss {metrics['loss'] / info.world_size:.4f}", flush=True)
     logger.close()
     if info.is_main:
-        save_final_model(model, tokenizer, d.run_dir / "final_model", merge=not s.full_finetune)
+        save_final_model(model, tokenizer, d.run_dir / "final_model", not s.full_finetune, DTYPES[cfg.model.dtype])
         print(f"wrote {d.run_dir / 'final_model'}", flush=True)
     dist.barrier()
 
