@@ -61,7 +61,7 @@ if [ "$platform" = auto ]; then
 fi
 case "$platform" in cpu|gpu) ;; *) echo "setup.sh: platform must be cpu, gpu or auto, got '$platform'" >&2; exit 2;; esac
 
-want="$platform $(cat requirements.txt "requirements-$platform.txt" pyproject.toml | sha256sum | cut -d' ' -f1)"
+want="$platform $(cat requirements.txt "requirements-$platform.txt" requirements-extras.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -x .venv/bin/python ]; then
   v="$(py_version .venv/bin/python)" || v=unknown
   new_enough "$v" 2>/dev/null || {
@@ -124,6 +124,8 @@ else
   .venv/bin/pip install --quiet -r requirements-cpu.txt
   .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# Optional extras (W&B): the code never needs them unless configured; installed so their tests run.
+.venv/bin/pip install --quiet -r requirements-extras.txt
 .venv/bin/pip install --quiet --no-deps -e .
 .venv/bin/python -c "import torch, transformers, peft, vllm; print('setup: torch', torch.__version__, '| CUDA', torch.version.cuda, '| vllm', vllm.__version__)"
 echo "$want" > "$stamp"
