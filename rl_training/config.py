@@ -153,7 +153,9 @@ class ServerCfg:
     urls: list[str] = _f(
         [], "Base URLs of the vLLM OpenAI-compatible servers (rollout.backend=server), e.g. ['http://node1:8000']."
     )
-    served_model: str = _f("", "The servers' --served-model-name; '' = model.name_or_path (vLLM's default).")
+    served_model: str = _f(
+        "", "The servers' --served-model-name (weight_sync full/nccl); '' = the base model /v1/models lists."
+    )
     weight_sync: Literal["lora", "full", "nccl"] = _f(
         "lora",
         "How new weights reach the servers: lora (versioned adapters via /v1/load_lora_adapter), full (merged "

@@ -152,6 +152,12 @@ def request_seeds(seed: int, n_requests: int, n: int) -> list[int]:
     raise AssertionError("unreachable: 100 overlapping seed draws")
 
 
+def base_model_name(client: ServerClient) -> str:
+    """The served name of the first server's base model (the /v1/models entry without a parent adapter)."""
+    models = client.request("GET", "/v1/models", url=0)["data"]
+    return next(m["id"] for m in models if not m.get("parent"))
+
+
 class ServerBackend:
     name = "server"
 
@@ -168,7 +174,9 @@ class ServerBackend:
         self.client.wait_healthy(s.startup_timeout_s)
         run_dir = derive(cfg, dist_info.world_size).run_dir
         self.publisher = make_publisher(cfg, self.client, run_dir, dist_info) if dist_info.is_main else None
-        self.served_name = lambda version: served_name(cfg, version)
+        # Full-weight syncs sample the server's base model: its served name unless configured
+        base = s.served_model or (base_model_name(self.client) if s.weight_sync != "lora" else "")
+        self.served_name = lambda version: served_name(cfg, version, base)
         self.version = -1  # published versions: 0 = the weights at build (start or resume), +1 per sync
         self.publish_s = 0.0
         self.seen_versions: tuple[int, int] = (0, 0)

@@ -28,11 +28,11 @@ from rl_training.checkpoint import _fsync_tree
 from rl_training.rollout.server import ServerClient, ServerError
 
 
-def served_name(cfg, version: int) -> str:
-    """The `model` a request names to sample policy `version`."""
+def served_name(cfg, version: int, base: str = "") -> str:
+    """The `model` a request names to sample policy `version`; `base`: the server's base model name."""
     if cfg.server.weight_sync == "lora":
         return f"policy-v{version}"
-    return cfg.server.served_model or cfg.model.name_or_path
+    return base or cfg.server.served_model
 
 
 def write_atomic(final: Path, write: Callable[[Path], None]) -> Path:
