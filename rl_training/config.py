@@ -110,8 +110,10 @@ class RewardCfg:
 
 @dataclass
 class RolloutCfg:
-    backend: Literal["auto", "hf", "vllm"] = _f(
-        "auto", "Generation backend: vllm (colocated engine), hf (transformers generate), auto = vllm if installed."
+    backend: Literal["auto", "hf", "vllm", "server"] = _f(
+        "auto",
+        "Generation backend: vllm (colocated engine), hf (transformers generate), server (vLLM OpenAI servers at "
+        "server.urls, docs/server.md), auto = vllm if installed.",
     )
     prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
@@ -146,6 +148,31 @@ class VllmCfg:
     )
     enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
     sleep: bool = _f(True, "Sleep (level 1) while the trainer runs, on CUDA; the engine stays awake on CPU.")
+
+
+@dataclass
+class ServerCfg:
+    urls: list[str] = _f(
+        [], "Base URLs of the vLLM OpenAI-compatible servers (rollout.backend=server), e.g. ['http://node1:8000']."
+    )
+    served_model: str = _f(
+        "", "The servers' --served-model-name (weight_sync full/nccl); '' = the base model /v1/models lists."
+    )
+    weight_sync: Literal["lora", "full", "nccl"] = _f(
+        "lora",
+        "How new weights reach the servers: lora (versioned adapters via /v1/load_lora_adapter), full (merged "
+        "safetensors + /collective_rpc reload_weights, needs VLLM_SERVER_DEV_MODE=1), nccl (CUDA only).",
+    )
+    adapter_dir: str = _f(
+        "", "Where rank 0 publishes weights for the servers to read (a filesystem they share); '' = run_dir/published."
+    )
+    keep_versions: int = _f(2, "Adapter versions kept loaded per server; older ones are unloaded and deleted.", ge=1)
+    timeout_s: float = _f(600.0, "Per-request time limit (a whole completion group, or one publish call).", gt=0)
+    retries: int = _f(3, "Retries of a failed request (connection error, timeout, 5xx) before the run stops.", ge=0)
+    backoff_s: float = _f(2.0, "Wait before the first retry; it doubles with every further retry.", ge=0)
+    startup_timeout_s: float = _f(600.0, "At setup, wait at most this long for every server's /health.", gt=0)
+    concurrency: int = _f(64, "Requests a rank keeps in flight (one per prompt group), spread over the urls.", ge=1)
+    nccl_port: int = _f(29555, "weight_sync=nccl: rendezvous port on rank 0's host (server i uses port + i).", ge=1)
 
 
 @dataclass
@@ -303,6 +330,7 @@ class Config:
     reward: RewardCfg = field(default_factory=RewardCfg)
     rollout: RolloutCfg = field(default_factory=RolloutCfg)
     vllm: VllmCfg = field(default_factory=VllmCfg)
+    server: ServerCfg = field(default_factory=ServerCfg)
     train: TrainCfg = field(default_factory=TrainCfg)
     loss: LossCfg = field(default_factory=LossCfg)
     optim: OptimCfg = field(default_factory=OptimCfg)
@@ -565,6 +593,11 @@ def load_config(
             "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
             "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
         )
+    if cfg.rollout.backend == "server" and not cfg.server.urls:
+        raise ConfigError(f"{where}rollout.backend=server needs server.urls (e.g. ['http://127.0.0.1:8000'])")
+    bad_url = [u for u in cfg.server.urls if not re.fullmatch(r"https?://[^/\s]+/?", u)]
+    if bad_url:
+        raise ConfigError(f"{where}server.urls: {bad_url[0]!r} is not a base URL like 'http://host:8000'")
     bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
     if bad_k:
         raise ConfigError(

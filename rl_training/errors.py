@@ -4,5 +4,7 @@ from rl_training.checkpoint import CheckpointError
 from rl_training.config import ConfigError
 from rl_training.data.sources import DataError
 from rl_training.models import ModelLoadError
+from rl_training.rollout.server import ServerError
 
-USER_ERRORS = (ConfigError, DataError, ModelLoadError, CheckpointError)
+# ServerError: a vLLM server that stays unreachable after the retries, or refuses the policy adapter
+USER_ERRORS = (ConfigError, DataError, ModelLoadError, CheckpointError, ServerError)

@@ -19,6 +19,8 @@ class Rollouts:
     logprobs: list[list[float]]  # [N][len_i] the sampler's log-prob of each sampled token (after temperature)
     truncated: list[bool]  # [N] stopped by max_new_tokens, not by a stop token
     texts: list[str]  # [N] decoded completions, special tokens removed
+    # [N] the published policy version that sampled each sequence, where the backend knows it (server); else None
+    policy_version: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -77,6 +79,10 @@ def resolve_backend_name(name: str) -> str:
 
 def build_backend(cfg, model, tokenizer, dist_info) -> RolloutBackend:
     """Chosen once at setup from rollout.backend (already resolved from 'auto')."""
+    if cfg.rollout.backend == "server":
+        from rl_training.rollout.server import ServerBackend
+
+        return ServerBackend(cfg, model, tokenizer, dist_info)
     if cfg.rollout.backend == "vllm":
         from rl_training.rollout.vllm_engine import VLLMBackend
 

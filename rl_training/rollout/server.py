@@ -1,0 +1,275 @@
+"""rollout.backend=server: trainer ranks are HTTP clients of stock vLLM OpenAI-compatible servers.
+
+Written for vLLM 0.32's HTTP API (`vllm/entrypoints/openai/completion/protocol.py`, `serve/lora`). When to
+choose it and the server command lines: docs/server.md. Weight publishing is in `server_sync.py`.
+
+- Each rank sends each of its prompts as token ids in its own /v1/completions request with n = G, naming the
+  policy version it samples (`model=policy-v{n}`), so every sequence comes from one known version
+  (`Rollouts.policy_version`). The requests of a rank run in parallel (a thread pool of server.concurrency),
+  request i of rank r going to urls[(r + i) % len(urls)], and a retry goes to the next URL.
+- Seeds: vLLM samples the j-th child of an n > 1 request with seed + j (`v1/engine/parallel_sampling.py`),
+  so per-prompt seeds seed + i would make prompt i's child j and prompt i+1's child j-1 share a stream
+  (issue 12, item 10). Each request gets a 62-bit seed from np.random.SeedSequence(spec.seed), redrawn until
+  no two requests' ranges [s, s + n) overlap: every completion of a call has its own stream.
+- Every sampling knob is sent at its neutral value: a server started without `--generation-config vllm`
+  fills unset ones from the model's generation_config.json (Qwen2.5-Instruct: top_k 20, repetition 1.05).
+  Sampler log-probs are the processed ones only if the server runs with `--logprobs-mode processed_logprobs`
+  (docs/server.md); the rollout/logp_diff_* canary shows a server that does not.
+- HTTP with `requests` (installed with vLLM): synchronous calls in threads suit both this loop and the
+  per-rank generation thread of an asynchronous one, and the reward time limit stays on the main thread.
+  `trust_env=False`: no proxy from the environment ever sees the servers' traffic (PITFALLS: proxies
+  intercepting internal traffic).
+- Failures: connection errors, timeouts and 5xx are retried server.retries times with doubling backoff;
+  then a one-line ServerError stops the run (a checkpointed run continues with ckpt.resume=latest once the
+  server is back). A 4xx is the request's fault and is not retried.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from rl_training import dist
+from rl_training.rollout.base import Rollouts, SamplingSpec, split_completion
+
+VLLM_VERSION_WRITTEN_FOR = "0.32.0"
+
+
+class ServerError(RuntimeError):
+    """A server that stayed unreachable after the retries, or refused a request; the message is one line."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def _message(response) -> str:
+    """The error text of a vLLM JSON error ({"error": {"message": ...}} or FastAPI's {"detail": ...})."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip().splitlines()[0][:300] if response.text.strip() else response.reason
+    err = body.get("error", body) if isinstance(body, dict) else body
+    text = err.get("message") or err.get("detail") if isinstance(err, dict) else err
+    return " ".join(str(text).split())[:500]
+
+
+@dataclass
+class ServerClient:
+    """Bounded-retry JSON calls to a fixed set of server URLs; thread-safe (one session per thread)."""
+
+    urls: list[str]
+    timeout_s: float
+    retries: int
+    backoff_s: float
+    concurrency: int = 8
+
+    def __post_init__(self):
+        self.urls = [u.rstrip("/") for u in self.urls]
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.retried = 0  # requests sent again after a failure, since start (logged as a counted metric)
+        self.pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="vllm-client")
+
+    def _session(self):
+        s = getattr(self._local, "session", None)
+        if s is None:
+            import requests
+
+            s = requests.Session()
+            s.trust_env = False  # ignore HTTP(S)_PROXY / NO_PROXY and .netrc: the servers are reached directly
+            self._local.session = s
+        return s
+
+    def request(self, method: str, path: str, body: dict | None = None, *, url: int | str = 0, retry_5xx=True):
+        """The decoded JSON (or text) answer of `method url+path`. `url`: a base URL, or an index into
+        self.urls where attempt k goes to urls[(index + k) % len] (failover for idempotent calls)."""
+        import requests
+
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                with self._lock:
+                    self.retried += 1
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            base = url if isinstance(url, str) else self.urls[(url + attempt) % len(self.urls)]
+            try:
+                r = self._session().request(method, base + path, json=body, timeout=self.timeout_s)
+            except requests.RequestException as e:
+                last = f"{base}: {type(e).__name__}"
+                continue
+            if r.status_code >= 500 and retry_5xx:
+                last = f"{base}: HTTP {r.status_code} {_message(r)}"
+                continue
+            if r.status_code >= 400:
+                raise ServerError(f"{base}{path}: HTTP {r.status_code}: {_message(r)}", r.status_code)
+            try:
+                return r.json()
+            except ValueError:
+                return r.text
+        raise ServerError(
+            f"vLLM server {path} failed after {self.retries} retries ({last}); check the server "
+            "(docs/server.md), then continue the run with ckpt.resume=latest"
+        )
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until every URL answers /health with 200, or raise after timeout_s (servers load for a while)."""
+        import requests
+
+        deadline = time.monotonic() + timeout_s
+        for base in self.urls:
+            while True:
+                try:
+                    if self._session().get(base + "/health", timeout=5).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass  # not up yet: retried until the deadline
+                if time.monotonic() > deadline:
+                    raise ServerError(
+                        f"vLLM server {base} not healthy after {timeout_s:.0f} s (server.startup_timeout_s)"
+                    )
+                time.sleep(1.0)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def request_seeds(seed: int, n_requests: int, n: int) -> list[int]:
+    """One seed per request such that the child streams [s, s + n) of all requests are disjoint.
+
+    62-bit draws (s + n stays within vLLM's int64 seed); an overlap has probability ~ R^2 n / 2^62, and is
+    redrawn from the next SeedSequence spawn, so the result is still a pure function of (seed, R, n)."""
+    for attempt in range(100):
+        state = np.random.SeedSequence([seed, attempt]).generate_state(n_requests, dtype=np.uint64)
+        seeds = sorted(int(s) >> 2 for s in state)
+        if all(b - a >= n for a, b in itertools.pairwise(seeds)):
+            return [int(s) >> 2 for s in state]
+    raise AssertionError("unreachable: 100 overlapping seed draws")
+
+
+def base_model_name(client: ServerClient) -> str:
+    """The served name of the first server's base model (the /v1/models entry without a parent adapter)."""
+    models = client.request("GET", "/v1/models", url=0)["data"]
+    return next(m["id"] for m in models if not m.get("parent"))
+
+
+class ServerBackend:
+    name = "server"
+
+    def __init__(self, cfg, model, tokenizer, dist_info):
+        from rl_training.config import derive
+        from rl_training.rollout.hf import stop_token_ids
+        from rl_training.rollout.server_sync import make_publisher, served_name
+
+        s = cfg.server
+        self.client = ServerClient(s.urls, s.timeout_s, s.retries, s.backoff_s, s.concurrency)
+        self.rank = dist_info.rank
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        self.client.wait_healthy(s.startup_timeout_s)
+        run_dir = derive(cfg, dist_info.world_size).run_dir
+        self.publisher = make_publisher(cfg, self.client, run_dir, dist_info) if dist_info.is_main else None
+        # Full-weight syncs sample the server's base model: its served name unless configured
+        base = s.served_model or (base_model_name(self.client) if s.weight_sync != "lora" else "")
+        self.served_name = lambda version: served_name(cfg, version, base)
+        self.version = -1  # published versions: 0 = the weights at build (start or resume), +1 per sync
+        self.publish_s = 0.0
+        self.seen_versions: tuple[int, int] = (0, 0)
+        # The trainer may already differ from the files on disk (resume, or a merged SFT start).
+        self.sync_weights(model)
+
+    # ------------------------------------------------------------------------------------- generation
+    def _body(self, prompt: list[int], spec: SamplingSpec, model: str, seed: int | None) -> dict:
+        return {
+            "model": model,
+            "prompt": prompt,
+            "n": spec.n,
+            "max_tokens": spec.max_new_tokens,
+            "temperature": 0.0 if spec.greedy else spec.temperature,
+            "top_p": 1.0 if spec.greedy else spec.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "seed": seed,
+            "stop_token_ids": sorted(self.stop_ids),
+            "logprobs": 0,  # the sampled token's log-prob only
+            "return_token_ids": True,
+            "skip_special_tokens": True,
+        }
+
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, version: int | None = None) -> Rollouts:
+        """G completions per prompt from policy `version` (default: the newest published one)."""
+        version = self.version if version is None else version
+        model = self.served_name(version)
+        seeds = (
+            request_seeds(spec.seed, len(prompts), spec.n)
+            if spec.seed is not None and not spec.greedy
+            else [None] * len(prompts)
+        )
+        futures = [
+            self.client.pool.submit(
+                self.client.request, "POST", "/v1/completions", self._body(p, spec, model, sd), url=self.rank + i
+            )
+            for i, (p, sd) in enumerate(zip(prompts, seeds, strict=True))
+        ]
+        prompt_ids, completions, logprobs, truncated = [], [], [], []
+        for p, fut in zip(prompts, futures, strict=True):
+            answer = fut.result()
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            if len(choices) != spec.n or any(c["prompt_token_ids"] != p for c in choices):
+                raise ServerError(f"server answered {len(choices)} completions of another prompt (model {model})")
+            for c in choices:
+                toks, _ = split_completion(list(c["token_ids"]), self.stop_ids)
+                prompt_ids.append(p)
+                completions.append(toks)
+                logprobs.append([float(x) for x in c["logprobs"]["token_logprobs"][: len(toks)]])
+                truncated.append(c["finish_reason"] == "length")
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+        self.seen_versions = (version, version)
+        return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [version] * len(completions))
+
+    # ------------------------------------------------------------------------------------- weight sync
+    def sync_weights(self, model) -> None:
+        """Rank 0 publishes the next version to every server; every rank waits until it is loaded there.
+
+        Collective: rank 0's outcome is broadcast, so a refused publish is the same one-line error on every
+        rank instead of a hang in a barrier."""
+        t0 = time.perf_counter()
+        version, error = self.version + 1, None
+        if self.publisher is not None:
+            try:
+                self.publisher.publish(model, version)
+            except (ServerError, OSError) as e:
+                error = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
+        error = dist.broadcast_object(error)
+        if error:
+            raise ServerError(error)
+        self.version = version
+        self.publish_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        pass  # the servers own their memory; nothing of theirs lives in the trainer's process
+
+    def wake(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "rollout/weight_version": float(self.version),
+            "rollout/policy_version_min": float(self.seen_versions[0]),
+            "rollout/policy_version_max": float(self.seen_versions[1]),
+            "rollout/server_retries": float(self.client.retried),
+            "perf/publish_s": self.publish_s,
+        }
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+        self.client.close()
