@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from rl_training.code import CODE_FORMATS
 from rl_training.data.sources import Example, last_boxed
 
 RewardFn = Callable[[str, str], float]
@@ -182,10 +183,27 @@ class Task:
     count_names: tuple[str, ...] = ()
 
 
+def _code_task() -> Task:
+    """humaneval / mbpp / stdio (rl_training/code): programs judged in the sandbox pool, a batch per call."""
+    from rl_training.code import COUNT_NAMES, PART_NAMES
+    from rl_training.code.extract import has_code
+
+    def batch_scorer(completions, examples, timeout_s):
+        from rl_training.code.tasks import score_code_batch  # the sandbox side imports this module
+
+        return score_code_batch(completions, examples, timeout_s)
+
+    def reward(completion: str, reference: str) -> float:
+        raise TypeError("code tasks are graded in batches (Task.batch_scorer): tests live in Example.meta")
+
+    return Task(reward, has_code, batch_scorer=batch_scorer, part_names=PART_NAMES, count_names=COUNT_NAMES)
+
+
 TASKS: dict[str, Task] = {
     "gsm8k": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "math": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "reverse": Task(reverse_reward, reverse_has_answer),
+    **dict.fromkeys(CODE_FORMATS, _code_task()),
 }
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_training.code import CODE_FORMATS
+
 
 class DataError(ValueError):
     """Malformed data; the message names the file and line (or row) and the key."""
@@ -138,6 +140,13 @@ def load_examples(
     for where, rec in records:
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        if fmt in CODE_FORMATS:  # tests go to Example.meta: rl_training/code/tasks.py
+            from rl_training.code.tasks import code_example
+
+            out.append(code_example(fmt, rec, where))
+            if limit and len(out) >= limit:
+                break
+            continue
         for key in (question_key, answer_key):
             if key not in rec:
                 raise DataError(f"{where}: missing key '{key}' (has: {', '.join(map(str, rec))})")
