@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
@@ -233,9 +234,12 @@ class Pool:
         self.weak_runs = 0
         self.restarts = 0
         self.size = n
+        # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it ends:
+        # every worker is started from this one long-lived thread, never from a scoring thread.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
         try:
             for _ in range(n):
-                self._idle.append(Worker(settings, self.python))
+                self._idle.append(self._spawn())
         except BaseException:
             self.close()
             raise
@@ -250,6 +254,9 @@ class Pool:
                 errors.append(f"{py}: {e}")
         raise SandboxUnavailable("; ".join(errors))
 
+    def _spawn(self) -> Worker:
+        return self._spawner.submit(Worker, self.settings, self.python).result()
+
     def acquire(self) -> Worker:
         with self._cv:
             self._cv.wait_for(lambda: self._idle)
@@ -259,7 +266,7 @@ class Pool:
         if broken:
             w.close()
             self.restarts += 1
-            w = Worker(self.settings, self.python)
+            w = self._spawn()
         with self._cv:
             self._idle.append(w)
             self._cv.notify()
@@ -297,3 +304,4 @@ class Pool:
             for w in self._idle:
                 w.close()
             self._idle.clear()
+        self._spawner.shutdown()
