@@ -110,7 +110,9 @@ class RewardCfg:
 
 @dataclass
 class SandboxCfg:
-    workers: int = _f(0, "Sandbox workers per rank for code formats; 0 = one per CPU core the rank may use.", ge=0)
+    workers: int = _f(
+        0, "Sandbox workers per rank for code formats; 0 = 4 per CPU core the rank may use (docs/code.md).", ge=0
+    )
     mode: Literal["strict", "weak"] = _f(
         "strict",
         "strict: bubblewrap with user/pid/net/ipc/uts namespaces, refused where they are unavailable; weak: "

@@ -5,6 +5,7 @@ solutions (a flipped comparison, an integer constant off by one) are caught on a
 from __future__ import annotations
 
 import ast
+import json
 
 import pytest
 
@@ -63,3 +64,16 @@ def test_mutants_are_caught(pool, problems):  # noqa: F811
     v = judge_batch(pool, [p for _, p in progs], 10.0)
     caught = sum(not x.passed for x in v)
     assert caught / len(v) >= 0.9, f"{caught}/{len(v)} mutants caught"
+
+
+def test_bench_prints_throughput_and_latency(tmp_path, capsys, pool):  # noqa: F811 -- pool: bwrap installed
+    from scripts.bench_sandbox import main
+
+    assert main(["--programs", "24", "--workers", "2", "--json", str(tmp_path / "b.json")]) == 0
+    line, js = capsys.readouterr().out.splitlines()
+    r = json.loads(js)
+    assert json.loads((tmp_path / "b.json").read_text()) == r
+    assert (r["programs"], r["passed"], r["workers"]) == (24, 24, 2)
+    assert abs(r["programs_per_s"] - 24 / r["wall_s"]) < 0.01 * r["programs_per_s"]  # both rounded
+    assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
+    assert f"{r['programs_per_s']} programs/s" in line

@@ -18,6 +18,7 @@ trainer).
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import os
 import signal
@@ -115,6 +116,7 @@ def _global_names(code) -> set[str]:
     return names
 
 
+@functools.lru_cache(maxsize=4096)  # a step's batch repeats each problem's tests group_size times
 def _compile(src: str, name: str):
     return compile(src, name, "exec", dont_inherit=True, optimize=0)  # asserts kept under python -O
 

@@ -33,6 +33,10 @@ from typing import Generic, Literal, TypeVar
 from rl_training.code import worker
 
 NOBODY = 65534
+# A job mostly waits on round trips between two processes, so more workers than cores keeps the cores busy;
+# on 2 busy cores (scripts/bench_sandbox.py) 4 per core gave 168 programs/s, 2 per core 118. More lets
+# CPU-bound programs share a core enough to risk their wall-clock deadline (docs/code.md).
+WORKERS_PER_CORE = 4
 _WORKER_SRC = Path(worker.__file__).read_text()
 
 
@@ -59,7 +63,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class PoolSettings:
-    workers: int = 0  # 0 = one per CPU this process may use
+    workers: int = 0  # 0 = 4 per CPU core this process may use (WORKERS_PER_CORE)
     mode: Literal["strict", "weak"] = "strict"
     limits: Limits = Limits()
     tmpfs_bytes: int = 64 << 20  # the private /tmp of each worker
@@ -227,7 +231,7 @@ class Pool:
 
     def __init__(self, settings: PoolSettings = PoolSettings()):
         self.settings = settings
-        n = settings.workers or len(os.sched_getaffinity(0))
+        n = settings.workers or WORKERS_PER_CORE * len(os.sched_getaffinity(0))
         self.python = self._pick_python()
         self._idle: list[Worker] = []
         self._cv = threading.Condition()
