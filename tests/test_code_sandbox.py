@@ -161,7 +161,7 @@ def test_weak_mode_is_explicit_warned_and_counted(caplog):
     try:
         pool = tasks.get_pool()
         facts = check.probe_facts(pool)
-        assert facts["uid"] == 65534 and facts["limits"]["RLIMIT_NPROC"] == 32
+        assert facts["uid"] == 65534 and facts["limits"]["RLIMIT_NPROC"] == 8
         for _ in range(2):  # every batch warns, not only the first
             s = score_code_batch(["```python\ndef f():\n    return 1\n```"] * 3, [ex] * 3, 5.0)
             assert s.rewards == [1.0] * 3 and s.counts["sandbox_weak"] == 3

@@ -52,7 +52,7 @@ class SandboxBroken(RuntimeError):
 class Limits:
     cpu_s: int = 10  # RLIMIT_CPU per candidate (the wall deadline is the per-program timeout)
     mem_bytes: int = 1 << 30  # RLIMIT_AS per candidate
-    nproc: int = 32  # RLIMIT_NPROC: processes of the sandbox uid, counted inside the worker's user namespace
+    nproc: int = 8  # RLIMIT_NPROC: processes of the sandbox uid in the worker (bwrap pid 1 and the template count)
     fsize_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a candidate may write
     nofile: int = 64  # RLIMIT_NOFILE
     msg_bytes: int = 1 << 20  # largest message (a returned value, captured stdout) the trusted side reads
