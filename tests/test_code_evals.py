@@ -53,3 +53,29 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
     # pass@1 = mean(2/4, 0) = 0.25; pass@2 = mean(1 - C(2,2)/C(4,2), 0) = mean(1 - 1/6, 0) = 5/12
     assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(5 / 12)
     assert m["accuracy"] == 0.5
+
+
+@pytest.mark.slow  # about 60 s on 2 busy cores (model loads, torch)
+def test_rl_runner_trains_on_a_code_format(tiny_model, tmp_path):
+    """Two RL steps of the real runner on the synthetic program-synthesis task: the sandbox scores every
+    rollout and the code metrics reach metrics.jsonl with the names the Task declares."""
+    from rl_training.code import COUNT_NAMES
+    from rl_training.code.synthetic import write_code_data
+    from rl_training.runners import rl_runner
+    from tests.system_packages import require_debian_packages
+
+    require_debian_packages({"bwrap": "bubblewrap"})
+    data = write_code_data(tmp_path / "data", n_train=40, n_heldout=8)
+    args = [
+        "--cfg", "cfg/testconfig.yaml", f"model.name_or_path={tiny_model}", "data.format=humaneval",
+        f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'heldout.jsonl'}", "data.prompt_template={question}",
+        f"run.output_dir={tmp_path / 'runs'}", "train.total_steps=2", "sandbox.workers=2",
+    ]  # fmt: skip
+    assert rl_runner.main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "testconfig" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        fails = sum(r[f"reward/{k}"] for k in COUNT_NAMES if k.startswith("fail_"))
+        # 4 prompts x 4 completions = 16 programs per step, each failing with one class or passing
+        assert fails + round(16 * r["reward/pass_frac_mean"]) <= 16 and 0 <= r["reward/pass_frac_mean"] <= 1
+        assert r["reward/sandbox_weak"] == 0

@@ -48,6 +48,19 @@ def _compiles(src: str, where: str, what: str) -> None:
         raise DataError(f"{where}: {what} does not compile ({type(e).__name__}: {e})") from None
 
 
+def _prompt_stub(prompt: str) -> str:
+    """The prompt completed into code that runs (its helpers, e.g. HumanEval/32's `poly`, are what tests
+    call): a docstring-ended prompt gets `pass`, one ending at `return ` gets `None`; a prompt that neither
+    completes gives no helpers (the tests' names then reach the candidate's program)."""
+    for stub in ("    pass\n", "None\n", "\n"):
+        try:
+            compile(prompt + stub, "<prompt>", "exec")
+            return prompt + stub + "\n"
+        except (SyntaxError, ValueError):
+            continue
+    return ""
+
+
 def _stdio_cases(rec: dict, where: str) -> list[list[str]]:
     if "input_output" in rec:
         io = rec["input_output"]
@@ -73,8 +86,8 @@ def code_example(fmt: str, rec: dict[str, Any], where: str) -> Example:
     if fmt == "humaneval":
         prompt, test = _need(rec, "prompt", str, where), _need(rec, "test", str, where)
         entry = _need(rec, "entry_point", str, where)
-        _compiles(prompt + "    pass\n" + test, where, "prompt + test")
-        meta = {"kind": "call", "prompt": prompt, "trusted_setup": prompt + "    pass\n" + test}
+        _compiles(test, where, "test")
+        meta = {"kind": "call", "prompt": prompt, "trusted_setup": _prompt_stub(prompt) + test}
         meta |= {"tests": ["check(candidate)"], "entry_point": entry}
         return Example(prompt, entry, str(rec.get("canonical_solution", "")), where, meta)
     if fmt == "mbpp":
