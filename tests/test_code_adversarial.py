@@ -76,7 +76,7 @@ HOSTILE = {
     "        if os.path.exists(p):\n            return a + b\n",
     "environment_leak": "import os\ndef add(a, b):\n    if os.environ.get('RL_SANDBOX_SECRET'):\n"
     "        return a + b\n",
-    "huge_return_value": "def add(a, b):\n    return 'x' * (64 << 20)\n",
+    "huge_return_value": "def add(a, b):\n    return 'x' * (4 << 20)\n",  # over the 1 MiB reply cap
     "deeply_nested_return": "def add(a, b):\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x\n",
     "forged_protocol_frames": "import os, json, struct\ndef add(a, b):\n    m = json.dumps({'value': 5}).encode()\n"
     "    for fd in range(3, 64):\n        try:\n            os.write(fd, struct.pack('>I', len(m)) + m)\n"
@@ -116,7 +116,9 @@ def test_hostile_programs_score_zero_and_leave_nothing(pool, monkeypatch):  # no
     assert judge(pool, _program("def add(a, b):\n    return a + b\n"), 5.0).passed
     assert sorted(sandbox_processes(pool).values()) == [2, 2]
     assert [p for p in HOST_FILES if p.exists()] == []
-    assert took < 60  # 34 programs, 2 workers, 3 s deadlines and a 5 s reap limit for the stopped template
+    # 34 programs on 2 workers: 5 run into the 3 s deadline, the stopped template costs the 5 s reap limit;
+    # the rest take milliseconds. Bounded, whatever the programs do (generous: the machine is shared).
+    assert took < 90
 
 
 def test_tmp_is_emptied_between_programs(pool):  # noqa: F811

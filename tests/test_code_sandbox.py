@@ -169,3 +169,12 @@ def test_weak_mode_is_explicit_warned_and_counted(caplog):
         assert pool.weak_runs == 7  # the probe + 2 x 3
     finally:
         configure()  # back to the strict default for the other tests
+
+
+def test_a_test_that_swallows_exceptions_cannot_hide_a_timeout(pool):  # noqa: F811
+    # The trusted test catches everything, as some datasets' tests do; the hang still fails the program.
+    test = "try:\n    r = f(1)\nexcept Exception:\n    r = 2\nassert r == 2"
+    hang = Program("def f(x):\n    while True:\n        pass\n", "call", tests=(test,))
+    raises = Program("def f(x):\n    raise ValueError\n", "call", tests=(test,))
+    v = judge_batch(pool, [hang, raises], 1.5)
+    assert [(x.passed, x.failure) for x in v] == [(False, "timeout"), (True, None)]  # a raise is caught, as in CPython

@@ -122,21 +122,23 @@ def _compile(src: str, name: str):
 
 
 class _Deadline:
-    """A line tracer for trusted test code: raises JobTimeout past the job's deadline."""
+    """A line tracer for trusted test code: past the job's deadline the job is marked timed out (sticky, so
+    a test's own `except Exception` cannot hide it) and JobTimeout is raised."""
 
-    def __init__(self, deadline: float):
-        self.deadline, self.n = deadline, 0
+    def __init__(self, session: _Session):
+        self.s, self.n = session, 0
 
     def __call__(self, frame, event, arg):
         self.n += 1
-        if self.n % 64 == 0 and time.monotonic() > self.deadline:
+        if self.n % 64 == 0 and time.monotonic() > self.s.job.deadline:
+            self.s.fatal = "timeout"
             raise JobTimeout
         return self
 
 
 def _run_unit(compiled, ns: dict, s: _Session) -> str | None:
     """One test unit; None if it passed, else its failure class."""
-    sys.settrace(_Deadline(s.job.deadline))
+    sys.settrace(_Deadline(s))
     try:
         exec(compiled, ns)
     except _Fatal as e:
@@ -146,11 +148,11 @@ def _run_unit(compiled, ns: dict, s: _Session) -> str | None:
         return "timeout"
     except CandidateRaised as e:
         return "memory" if str(e) == "MemoryError" else "runtime_error"
-    except Exception:  # noqa: BLE001 -- the trusted test failed on the candidate's answer: a wrong answer
+    except (Exception, SystemExit):  # noqa: BLE001 -- the trusted test failed on the candidate's answer
         return "wrong_answer"
     finally:
         sys.settrace(None)
-    return None if s.fatal is None else s.fatal
+    return s.fatal
 
 
 def _load(s: _Session, p: Program, name: str) -> str | None:
