@@ -29,6 +29,8 @@ HOSTILE = {
     "write_outside_tmp": "def add(a, b):\n    for d in ('/work', '/usr', '/', '/root'):\n"
     f"        try:\n            open(d + '/{MARK}', 'w').write('x')\n            return a + b\n"
     "        except OSError:\n            pass\n",
+    "fill_dev": "def add(a, b):\n    for i in range(64):\n        open(f'/dev/f{i}', 'wb').write(b'0' * (8 << 20))\n"
+    "    return a + b\n",
     "write_host_tmp_and_cwd": f"import os\ndef add(a, b):\n    open('/tmp/{MARK}', 'w').write('x')\n"
     f"    open('/dev/shm/{MARK}', 'w').write('x')\n    return 0\n",
     "huge_file": "def add(a, b):\n    with open('/tmp/big', 'wb') as f:\n        f.write(b'0' * (64 << 20))\n"
@@ -116,7 +118,7 @@ def test_hostile_programs_score_zero_and_leave_nothing(pool, monkeypatch):  # no
     assert judge(pool, _program("def add(a, b):\n    return a + b\n"), 5.0).passed
     assert sorted(sandbox_processes(pool).values()) == [2, 2]
     assert [p for p in HOST_FILES if p.exists()] == []
-    # 34 programs on 2 workers: 5 run into the 3 s deadline, the stopped template costs the 5 s reap limit;
+    # 35 programs on 2 workers: 5 run into the 3 s deadline, the stopped template costs the 5 s reap limit;
     # the rest take milliseconds. Bounded, whatever the programs do (generous: the machine is shared).
     assert took < 90
 

@@ -44,7 +44,8 @@ def facts(host_cwd):
     return {"uid": os.getuid(), "cap_eff": cap_eff, "network": net(), "nested_userns": nested_userns,
             "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
             "host_paths": [p for p in ("/etc/passwd", "/root", "/home", host_cwd) if os.path.exists(p)],
-            "root_writable": writable("/usr/probe") or writable("/probe"), "tmp_writable": writable("/tmp/probe"),
+            "root_writable": writable("/usr/probe") or writable("/probe") or writable("/dev/probe"),
+            "tmp_writable": writable("/tmp/probe") and writable("/dev/shm/probe"),
             "env": sorted(os.environ), "limits": lim}
 """
 

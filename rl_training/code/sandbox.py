@@ -98,7 +98,9 @@ def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int) -> list[str]:
     if not prefix.startswith("/usr/") and prefix != "/usr":
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    argv += ["--remount-ro", "/", "--clearenv", "--new-session", "--die-with-parent"]
+    # bwrap's /dev is a tmpfs without a size limit: read-only, with a size-limited /dev/shm of its own
+    argv += ["--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--clearenv", "--new-session", "--die-with-parent"]
     return [*argv, "--", python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(ctl_fd), "strict"]
 
 
