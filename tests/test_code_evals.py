@@ -55,7 +55,7 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
     assert m["accuracy"] == 0.5
 
 
-@pytest.mark.slow  # about 60 s on 2 busy cores (model loads, torch)
+@pytest.mark.slow  # about 90 s on 2 busy cores (model loads, torch)
 def test_rl_runner_trains_on_a_code_format(tiny_model, tmp_path):
     """Two RL steps of the real runner on the synthetic program-synthesis task: the sandbox scores every
     rollout and the code metrics reach metrics.jsonl with the names the Task declares."""
@@ -79,3 +79,11 @@ def test_rl_runner_trains_on_a_code_format(tiny_model, tmp_path):
         # 4 prompts x 4 completions = 16 programs per step, each failing with one class or passing
         assert fails + round(16 * r["reward/pass_frac_mean"]) <= 16 and 0 <= r["reward/pass_frac_mean"] <= 1
         assert r["reward/sandbox_weak"] == 0
+    # evals.run on the step-2 checkpoint: pass@k of code samples through the same pool and grader
+    from evals import run as evals_run
+
+    run_dir = tmp_path / "runs" / "testconfig"
+    opts = ["--run-dir", str(run_dir), "--backend", "hf", "--n", "2", "--k", "1,2", "--max-new-tokens", "8"]
+    assert evals_run.main([*opts, "--steps", "2", "--no-base"]) == 0
+    res = json.loads((run_dir / "eval" / "data_heldout" / "step_000002.json").read_text())
+    assert res["num_problems"] == 8 and 0 <= res["metrics"]["pass@1"] <= res["metrics"]["pass@2"] <= 1

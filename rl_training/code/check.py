@@ -10,6 +10,7 @@ status 0 when all hold, 1 otherwise (2 when the sandbox cannot start at all, wit
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -17,6 +18,7 @@ from rl_training.code import harness
 from rl_training.code.harness import Program, judge
 from rl_training.code.sandbox import Pool, PoolSettings, SandboxUnavailable
 
+PROBE_TIMEOUT_S = 30.0
 # Runs inside the sandbox; returns plain values for the trusted side to judge.
 PROBE = r"""
 import ctypes, os, resource, socket
@@ -61,7 +63,7 @@ def probe_facts(pool: Pool) -> dict:
             raise RuntimeError(f"the probe did not load: {first}")
         got.update(harness._Remote(s, "facts")(os.getcwd()))
 
-    if not pool.run(drive, 30.0).clean:
+    if not pool.run(drive, PROBE_TIMEOUT_S).clean:
         raise RuntimeError("the probe's processes were not confirmed killed")
     return got
 
@@ -78,7 +80,7 @@ def expectations(pool: Pool) -> dict[str, object]:
         "root_writable": False,
         "tmp_writable": True,
         "limits": {
-            "RLIMIT_CPU": lim.cpu_s,
+            "RLIMIT_CPU": lim.cpu_s or math.ceil(PROBE_TIMEOUT_S) + 1,
             "RLIMIT_AS": lim.mem_bytes,
             "RLIMIT_NPROC": lim.nproc,
             "RLIMIT_FSIZE": lim.fsize_bytes,

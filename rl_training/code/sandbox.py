@@ -15,7 +15,9 @@ The pool only runs programs and moves plain messages; harness.py holds the tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import shutil
 import socket
@@ -50,7 +52,7 @@ class SandboxBroken(RuntimeError):
 
 @dataclass(frozen=True)
 class Limits:
-    cpu_s: int = 10  # RLIMIT_CPU per candidate (the wall deadline is the per-program timeout)
+    cpu_s: int = 0  # RLIMIT_CPU per candidate; 0 = the program's wall deadline rounded up, + 1 s
     mem_bytes: int = 1 << 30  # RLIMIT_AS per candidate
     nproc: int = 8  # RLIMIT_NPROC: processes of the sandbox uid in the worker (bwrap pid 1 and the template count)
     fsize_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a candidate may write
@@ -282,6 +284,8 @@ class Pool:
         reaped. `clean` is False when the worker failed to confirm that (it is then replaced, which kills its
         whole pid namespace): a caller must not report a pass for such a run."""
         limits = limits or self.settings.limits
+        if not limits.cpu_s:  # CPU time can never outlast the wall deadline; the limit backs it up
+            limits = dataclasses.replace(limits, cpu_s=math.ceil(timeout_s) + 1)
         w = self.acquire()
         ours, theirs = socket.socketpair()
         broken, result, status = False, None, None
