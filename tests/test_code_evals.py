@@ -55,7 +55,7 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
     assert m["accuracy"] == 0.5
 
 
-@pytest.mark.slow  # about 90 s on 2 busy cores (model loads, torch)
+@pytest.mark.slow  # about 160 s on 2 busy cores (model loads, torch, two runs)
 def test_rl_runner_trains_on_a_code_format(tiny_model, tmp_path):
     """Two RL steps of the real runner on the synthetic program-synthesis task: the sandbox scores every
     rollout and the code metrics reach metrics.jsonl with the names the Task declares."""
