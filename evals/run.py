@@ -45,7 +45,7 @@ import torch
 from evals.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
 from evals.metrics import metric_names, summarize
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
-from rl_training import dist
+from rl_training import code, dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
 from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
 from rl_training.errors import USER_ERRORS
@@ -265,6 +265,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
     usable, skipped, cfg = usable_targets(run_dir, a.steps, not a.no_base, overrides)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     examples, prompts = load_eval_set(cfg, tokenizer)
+    code.use_config(cfg)  # code formats: the training sandbox pool, pass@k from its verdicts
     es = EvalSettings.from_config(cfg)
     settings = eval_settings(cfg, es, len(examples))
     name = a.name or dataset_tag(cfg.data.eval)

@@ -85,10 +85,11 @@ class LoraCfg:
 
 @dataclass
 class DataCfg:
-    format: Literal["gsm8k", "math", "reverse", "search", "search_subem"] = _f(
+    format: Literal["gsm8k", "math", "reverse", "search", "search_subem", "humaneval", "mbpp", "stdio"] = _f(
         "reverse",
-        "Task format: gsm8k ('#### N' answers), math (\\boxed answers), reverse (synthetic), search / "
-        "search_subem (Search-R1 rows graded by exact / substring match, docs/search.md).",
+        "Task format: gsm8k ('#### N' answers), math (\\boxed answers), reverse (synthetic); search / "
+        "search_subem (Search-R1 rows graded by exact / substring match, docs/search.md); code, run in the "
+        "sandbox (docs/code.md): humaneval, mbpp, stdio.",
     )
     train: str = _f(
         "data/reverse/train.jsonl",
@@ -106,6 +107,20 @@ class DataCfg:
 @dataclass
 class RewardCfg:
     timeout_s: float = _f(5.0, "Per-completion time limit of a reward function; over it scores 0.", gt=0)
+
+
+@dataclass
+class SandboxCfg:
+    workers: int = _f(
+        0, "Sandbox workers per rank for code formats; 0 = 4 per CPU core the rank may use (docs/code.md).", ge=0
+    )
+    mode: Literal["strict", "weak"] = _f(
+        "strict",
+        "strict: bubblewrap with user/pid/net/ipc/uts namespaces, refused where they are unavailable; weak: "
+        "rlimits and an unprivileged uid only, warned and counted (reward/sandbox_weak) every step.",
+    )
+    memory_mb: int = _f(1024, "Address-space limit (RLIMIT_AS) of each program, MiB.", ge=64)
+    output_kb: int = _f(1024, "Largest reply (a returned value, a test's stdout) read from a program, KiB.", ge=1)
 
 
 @dataclass
@@ -328,6 +343,7 @@ class Config:
     lora: LoraCfg = field(default_factory=LoraCfg)
     data: DataCfg = field(default_factory=DataCfg)
     reward: RewardCfg = field(default_factory=RewardCfg)
+    sandbox: SandboxCfg = field(default_factory=SandboxCfg)
     rollout: RolloutCfg = field(default_factory=RolloutCfg)
     vllm: VllmCfg = field(default_factory=VllmCfg)
     server: ServerCfg = field(default_factory=ServerCfg)

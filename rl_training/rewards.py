@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+from rl_training.code import CODE_FORMATS
 from rl_training.data.sources import Example, last_boxed
 from rl_training.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
 
@@ -301,12 +302,29 @@ def search_task(match: str = "em", format_score: float = 0.0) -> Task:
     )
 
 
+def _code_task() -> Task:
+    """humaneval / mbpp / stdio (rl_training/code): programs judged in the sandbox pool, a batch per call."""
+    from rl_training.code import COUNT_NAMES, PART_NAMES
+    from rl_training.code.extract import has_code
+
+    def batch_scorer(completions, examples, timeout_s):
+        from rl_training.code.tasks import score_code_batch  # the sandbox side imports this module
+
+        return score_code_batch(completions, examples, timeout_s)
+
+    def reward(completion: str, reference: str) -> float:
+        raise TypeError("code tasks are graded in batches (Task.batch_scorer): tests live in Example.meta")
+
+    return Task(reward, has_code, batch_scorer=batch_scorer, part_names=PART_NAMES, count_names=COUNT_NAMES)
+
+
 TASKS: dict[str, Task] = {
     "gsm8k": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "math": Task(math_reward, math_has_answer, answer_classes=math_answer_classes),
     "reverse": Task(reverse_reward, reverse_has_answer),
     "search": search_task("em"),
     "search_subem": search_task("subem"),
+    **dict.fromkeys(CODE_FORMATS, _code_task()),
 }
 
 

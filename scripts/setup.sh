@@ -61,6 +61,17 @@ if [ "$platform" = auto ]; then
 fi
 case "$platform" in cpu|gpu) ;; *) echo "setup.sh: platform must be cpu, gpu or auto, got '$platform'" >&2; exit 2;; esac
 
+# bubblewrap: the sandbox of the code rewards (docs/code.md); installed here when root with apt-get.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap >/dev/null \
+      || echo "setup: could not install bubblewrap (code rewards need it; docs/code.md)" >&2
+  else
+    echo "setup: code rewards need bubblewrap: sudo apt-get install -y bubblewrap (docs/code.md)" >&2
+  fi
+fi
+
+
 want="$platform $(cat requirements.txt "requirements-$platform.txt" requirements-extras.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -x .venv/bin/python ]; then
   v="$(py_version .venv/bin/python)" || v=unknown

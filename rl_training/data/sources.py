@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_training.code import CODE_FORMATS
+
 
 class DataError(ValueError):
     """Malformed data; the message names the file and line (or row) and the key."""
@@ -176,8 +178,13 @@ def load_examples(
     for where, rec in records:
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-        if fmt in SEARCH_FORMATS:
-            out.append(search_example(rec, where, question_key, answer_key))
+        if fmt in SEARCH_FORMATS or fmt in CODE_FORMATS:  # structured data goes to Example.meta
+            if fmt in SEARCH_FORMATS:
+                out.append(search_example(rec, where, question_key, answer_key))
+            else:
+                from rl_training.code.tasks import code_example  # rl_training/code/tasks.py
+
+                out.append(code_example(fmt, rec, where))
             if limit and len(out) >= limit:
                 break
             continue

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from evals.evaluate import InLoopEval
-from rl_training import dist
+from rl_training import code, dist
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
@@ -152,6 +152,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger.custom_scalars(PROBE_LAYOUT)
     hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
+    code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     return Run(
         cfg,

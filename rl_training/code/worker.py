@@ -1,0 +1,333 @@
+"""The sandbox side: a template process that forks one fresh candidate per program, and the value codec.
+
+This file runs inside the bubblewrap sandbox as `python -I -S -c <this source> <ctl_fd> <mode>` (standard
+library only, no site-packages) and is also imported by the trusted side for `encode`/`decode` and the
+framing, so both ends share one protocol. Nothing here decides a verdict: the candidate can only send back
+plain values, which the trusted side (harness.py) decodes into builtin types and judges.
+
+Protocol
+- control (SOCK_SEQPACKET, trusted <-> template): {"op": "run", "limits": {...}} with one fd (the job
+  socket) -> the template forks a candidate on it and answers {"op": "started"}; {"op": "reap"} -> it
+  kills every other process of the sandbox, reaps them and answers {"op": "reaped", "status": <wait status
+  of the candidate or null>} (a classification hint only, never a verdict).
+- job (SOCK_STREAM, trusted <-> candidate, 4-byte big-endian length + UTF-8 JSON): first {"code", "name",
+  "setup"} -> {"ok": true} or {"error": class, "detail"}; then {"call": fn, "args", "kwargs"} ->
+  {"value": v} | {"raise": type name} | {"unencodable": type name}, or {"stdin": text} -> {"stdout": text,
+  "raise": type name or null}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+MAX_DEPTH = 64  # nesting of encoded values; deeper is unencodable (and undecodable on the trusted side)
+_HDR = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """A malformed, oversized or truncated message."""
+
+
+# ------------------------------------------------------------------------------------------------ codec
+def encode(x, depth=0):
+    """A plain-JSON form of a value built from builtin types; tags keep tuple/set/dict/bytes/complex/inf
+    distinct from lists and strings. Raises TypeError for anything else (a function, a custom object).
+    Number subclasses are converted to the plain number: whatever they override, the trusted side only
+    ever sees an int or a float."""
+    if depth > MAX_DEPTH:
+        raise TypeError("nested too deep")
+    t = type(x)
+    if x is None or t is bool or t is str:
+        return x
+    if t is int:
+        return x
+    if t is float:
+        return x if x == x and x not in (float("inf"), float("-inf")) else {"$f": repr(x)}
+    if t is bytes:
+        return {"$b": x.decode("latin-1")}
+    if t is complex:
+        return {"$c": [encode(x.real, depth + 1), encode(x.imag, depth + 1)]}
+    # Containers and number subclasses (Counter, defaultdict, numpy scalars) are converted to the plain
+    # builtin form: whatever they override, only plain values cross to the trusted side.
+    if isinstance(x, dict):
+        return {"$d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in x.items()]}
+    if isinstance(x, list):
+        return [encode(v, depth + 1) for v in x]
+    if isinstance(x, tuple):
+        return {"$t": [encode(v, depth + 1) for v in x]}
+    if isinstance(x, (set, frozenset)):
+        return {"$fs" if isinstance(x, frozenset) else "$s": [encode(v, depth + 1) for v in x]}
+    if isinstance(x, str):
+        return str.__str__(x)
+    import numbers
+
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        return encode(float(x), depth)
+    raise TypeError(type(x).__name__)
+
+
+_FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def decode(x, depth=0):
+    """The value `encode` described, built from builtin types only; ValueError/TypeError on anything else."""
+    if depth > MAX_DEPTH + 1:
+        raise ValueError("nested too deep")
+    t = type(x)
+    if x is None or t in (bool, int, float, str):
+        return x
+    if t is list:
+        return [decode(v, depth + 1) for v in x]
+    if t is not dict or len(x) != 1:
+        raise ValueError("not an encoded value")
+    ((tag, v),) = x.items()
+    if tag == "$f" and v in _FLOATS:
+        return _FLOATS[v]
+    if tag == "$b" and type(v) is str:
+        return v.encode("latin-1")
+    if type(v) is not list:
+        raise ValueError(f"bad tag {tag!r}")
+    items = [decode(e, depth + 1) for e in v]
+    if tag == "$t":
+        return tuple(items)
+    if tag == "$s":
+        return set(items)  # TypeError for unhashable items: a malformed message
+    if tag == "$fs":
+        return frozenset(items)
+    if tag == "$c" and len(items) == 2 and all(type(e) in (int, float) for e in items):
+        return complex(*items)
+    if tag == "$d" and all(type(e) is list and len(e) == 2 for e in items):
+        return {k: val for k, val in items}
+    raise ValueError(f"bad tag {tag!r}")
+
+
+# ---------------------------------------------------------------------------------------------- framing
+def send_msg(sock, obj):
+    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    sock.sendall(_HDR.pack(len(data)) + data)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise ProtocolError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_msg(sock, max_bytes):
+    """One message, refused (ProtocolError) over max_bytes before any of it is read into memory."""
+    (n,) = _HDR.unpack(_recv_exact(sock, _HDR.size))
+    if n > max_bytes:
+        raise ProtocolError(f"message of {n} bytes over the {max_bytes}-byte cap")
+    try:
+        return json.loads(_recv_exact(sock, n))
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"bad message: {type(e).__name__}") from None
+
+
+# ------------------------------------------------------------------------------------------ the candidate
+def _set_limits(lim):
+    import resource
+
+    for name, soft, hard in (
+        ("RLIMIT_CPU", lim["cpu_s"], lim["cpu_s"] + 1),
+        ("RLIMIT_AS", lim["mem_bytes"], lim["mem_bytes"]),
+        ("RLIMIT_NPROC", lim["nproc"], lim["nproc"]),
+        ("RLIMIT_FSIZE", lim["fsize_bytes"], lim["fsize_bytes"]),
+        ("RLIMIT_NOFILE", lim["nofile"], lim["nofile"]),
+        ("RLIMIT_CORE", 0, 0),
+    ):
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+
+
+def _error_class(e):
+    if isinstance(e, MemoryError):
+        return "memory"
+    if isinstance(e, (SyntaxError, ValueError, OverflowError)) and not isinstance(e, UnicodeError):
+        return "syntax"  # compile(): SyntaxError, null bytes (ValueError), too-large literals
+    return "runtime_error"
+
+
+def _run_stdio(code, name, stdin_text, out_cap):
+    import io
+
+    class _Capped(io.BytesIO):
+        def write(self, b):
+            if self.tell() + len(b) > out_cap:
+                raise MemoryError("output cap")
+            return super().write(b)
+
+    out = io.TextIOWrapper(_Capped(), encoding="utf-8", errors="replace", write_through=True)
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
+    sys.stdout, raised = out, None
+    try:
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as e:  # a program's normal way to stop: exit(0)/sys.exit() count as ending
+        raised = None if e.code in (None, 0) else "SystemExit"
+    except BaseException as e:  # noqa: BLE001 -- the trusted side classifies; this only names the type
+        raised = type(e).__name__
+    finally:
+        sys.stdout = sys.__stdout__
+    out.flush()
+    text = out.buffer.getvalue().decode("utf-8", "replace")
+    return {"stdout": text, "raise": raised}
+
+
+def candidate_main(fd, lim):
+    """The forked candidate: limits, no inherited fds but the job socket, then serve the trusted side."""
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(devnull, target)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 1 << 16)
+    sock = socket.socket(fileno=fd)
+    _set_limits(lim)
+    max_in = lim["msg_bytes"]
+    spec = recv_msg(sock, 1 << 24)
+    ns = {"__name__": spec["name"], "__builtins__": __builtins__}
+    try:
+        code = compile(spec["setup"] + "\n" + spec["code"], "<candidate>", "exec")
+        if spec["name"] != "__main__":
+            exec(code, ns)
+    except BaseException as e:  # noqa: BLE001 -- reported as a failure class, never a pass
+        send_msg(sock, {"error": _error_class(e), "detail": type(e).__name__})
+        os._exit(0)
+    send_msg(sock, {"ok": True})
+    while True:
+        try:
+            req = recv_msg(sock, max_in)
+        except ProtocolError:
+            os._exit(0)
+        if "stdin" in req:
+            send_msg(sock, _run_stdio(code, spec["name"], req["stdin"], lim["msg_bytes"] // 2))
+            continue
+        try:
+            fn = ns[req["call"]]
+            args, kwargs = decode(req["args"]), decode(req["kwargs"])
+            result = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 -- the type name goes back; the trusted side judges
+            reply = {"raise": type(e).__name__ if isinstance(type(e).__name__, str) else "Exception"}
+        else:
+            try:
+                reply = {"value": encode(result)}
+            except (TypeError, RecursionError, ValueError) as e:
+                reply = {"unencodable": str(e)[:200]}
+        try:
+            send_msg(sock, reply)
+        except (TypeError, ValueError):
+            send_msg(sock, {"unencodable": "not JSON"})
+
+
+# ------------------------------------------------------------------------------------------- the template
+def _kill_all(strict):
+    """SIGKILL every process of this sandbox but this one, until none is left, and reap them. Strict mode has
+    its own pid namespace, where kill(-1) reaches exactly the sandbox's processes (not pid 1, bwrap's
+    reaper); without one, the descendants are found through /proc (orphans come here: child subreaper)."""
+    me = os.getpid()
+    while True:
+        targets = [-1] if strict else descendants(me)
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.waitpid(-1, 0)  # one at a time, killing again in between: catches what forked meanwhile
+        except ChildProcessError:
+            return
+
+
+def _empty_dirs(roots):
+    import shutil
+
+    for root in roots:
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+
+
+def descendants(root):
+    """Every live process below root, through /proc/<pid>/task/<tid>/children."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def template_main(ctl_fd, mode):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a candidate (same uid) cannot ptrace or read our memory
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned grandchildren are reparented to us
+    import builtins
+
+    builtins.exit = builtins.quit = sys.exit  # what `site` (skipped: -S) would provide; programs call exit()
+    preload = "shutil resource io numbers math re collections itertools functools heapq bisect string typing"
+    for mod in preload.split():
+        __import__(mod)  # imported once here, so each forked candidate starts with them loaded
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=ctl_fd)
+    child = status = None
+    while True:
+        data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1)
+        if not data:
+            os._exit(0)  # the trusted side closed the pool
+        msg = json.loads(data)
+        if msg["op"] == "run":
+            child = os.fork()
+            if child == 0:
+                ctl.close()
+                try:
+                    candidate_main(fds[0], msg["limits"])
+                finally:
+                    os._exit(0)
+            os.close(fds[0])
+        elif msg["op"] == "reap":
+            if child is not None:
+                try:
+                    status = os.waitpid(child, os.WNOHANG)[1] or None
+                except ChildProcessError:
+                    status = None
+            _kill_all(mode == "strict")
+            if mode == "strict":
+                _empty_dirs(("/tmp", "/dev/shm"))  # the next program starts with nothing a previous one left
+            ctl.send(json.dumps({"op": "reaped", "status": status}).encode())
+            child = status = None
+        elif msg["op"] == "ping":
+            ctl.send(b'{"op":"pong"}')
+
+
+if __name__ == "__main__":
+    template_main(int(sys.argv[1]), sys.argv[2])

