@@ -320,19 +320,22 @@ class StepProbes:
         if primary is None:
             return out
         st, raw = self.tracker.levels[primary], self.tracker.last.get(primary)
-        bs, se = st.b_simple, st.b_simple_rel_se
+        bs, (lo, hi) = st.b_simple, st.band
         bounds = (self.units, self.multiple, self.multiple, 16 * self.units)
         bstar = b_star(bs, *self.step_time) if st.valid else float("nan")
+        star_band = (b_star(lo, *self.step_time), b_star(hi, *self.step_time))  # B* is monotone in B_simple
         rec = self.rec_simple(recommend_batch(st, *bounds).batch)
-        rec_star = self.rec_star(recommend_batch(st, *bounds, target=bstar).batch)
+        rec_star = self.rec_star(recommend_batch(st, *bounds, target_band=star_band).batch)
         out.update(
             {
                 "probe/gns/b_simple": bs,
                 "probe/gns/b_simple_seq": bs * self.G,
                 "probe/gns/b_simple_tokens": bs * mean_group_tokens,
-                # +-2 SE band in log space (positive, symmetric on the log axis; ~ bs(1 +- 2se) for small se)
-                "probe/gns/b_simple_lo": bs * math.exp(-2 * se),
-                "probe/gns/b_simple_hi": bs * math.exp(2 * se),
+                # Fieller band at +-2 SE (docs/probes.md 1.6): NaN in the warm-up, hi = inf while |G|^2 is
+                # not significantly above 0
+                "probe/gns/b_simple_lo": lo,
+                "probe/gns/b_simple_hi": hi,
+                "probe/gns/trusted": float(st.trusted),  # the recommendation's gate
                 "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
                 "probe/gns/zone_hi": bs * 2,
                 "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
@@ -345,7 +348,7 @@ class StepProbes:
                 "probe/gns/a": raw.a if raw else float("nan"),
                 "probe/gns/beta": raw.beta if raw else float("nan"),
                 "probe/gns/batch_units": B,
-                "probe/gns/b_simple_rel_se": se,
+                "probe/gns/b_simple_rel_se": st.b_simple_rel_se,
                 "probe/gns/n_eff": st.n_eff,
                 "probe/gns/valid": float(st.valid),
                 "probe/gns/skipped_steps": float(st.skipped),
