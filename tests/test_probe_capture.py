@@ -4,12 +4,17 @@ backwards)."""
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from rl_training.algs.dr_grpo import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
+from rl_training.probes import ess as E
+from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 from rl_training.probes.probe import StepProbes
@@ -276,3 +281,74 @@ def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history
     assert m["probe/alert/ess_token"] == 0.0
     assert list(probes.ess_history) == [first["probe/ess/token_raw"]]
     assert m["probe/gns/degenerate_group_frac"] == 1.0
+
+
+# ------------------------------------------------------------------------ device placement (issue: CUDA)
+def _probe_step_on(meta: torch.device):
+    """One probe step (micro and rank levels, ESS, PPO ratios, metrics) with every tensor on `meta`."""
+    p = torch.nn.Parameter(torch.zeros(16, dtype=torch.float64, device=meta))
+    probes = StepProbes(
+        None,
+        [p],
+        levels=["micro", "rank"],
+        ema_beta=0.9,
+        units_per_step=4,
+        world_size=1,
+        micro_batch_groups=2,
+        device=meta,
+    )
+    adv = torch.zeros(8, dtype=torch.float64, device=meta)
+    probes.begin_step(G, adv, [3] * 8)
+    for groups in ([0, 1], [2, 3]):
+        mb = SimpleNamespace(
+            group_ids=groups,
+            n_units=2,
+            mask=torch.ones(4, 3, device=meta),
+            rollout_logp=torch.zeros(4, 3, device=meta),
+            advantages=torch.zeros(4, dtype=torch.float64, device=meta),
+        )
+        with probes.micro(mb):
+            (torch.ones(16, dtype=torch.float64, device=meta) @ p).backward()
+        old = torch.zeros(4, 3, dtype=torch.float64, device=meta)
+        probes.observe_rollout(mb, old, torch.ones(4, 3, device=meta))
+        probes.observe_ppo(mb, old, old)
+    probes.before_allreduce()
+    probes.after_allreduce()
+    m = probes.metrics()
+    return probes, m
+
+
+def test_probe_tensor_code_keeps_to_the_training_device(monkeypatch):
+    """Every probe entry point on the "meta" device: a tensor made on the CPU and mixed with the step's
+    tensors (a torch.cat with a CPU pad was the first GPU run's crash) raises here as it would on CUDA. The
+    guard would swallow that as a counted failure, so the test asserts none was counted, and that the two
+    host transfers receive meta tensors (they are the one place that may leave the device; on meta they
+    cannot be read, so a stand-in returns NaNs of the same length)."""
+    meta = torch.device("meta")
+    moved = []
+
+    def to_host(t):
+        moved.append(t.device)
+        return [math.nan] * t.numel()
+
+    monkeypatch.setattr(probe_module, "_to_host", to_host)
+    # boolean-mask indexing (valid tokens) has a data-dependent size; on meta, assume every entry is kept
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+        probes, m = _probe_step_on(torch.device("meta"))
+    assert probes.guard.failures == 0, "failures"
+    assert probes.hook_errors == 0
+    assert moved == [meta, meta]  # one transfer per call, of tensors that never left the device
+    assert m["probe/step_failed"] == 0.0
+
+
+def test_the_meta_guard_catches_a_cpu_tensor(monkeypatch):
+    # The guard test above can fail: the old CPU pad of the group-ESS gather is counted as a failure on meta.
+    def old_group_ness(self, n):
+        g = E.group_ness(torch.cat(self.seq_log_w), self.G)
+        return torch.cat([g, torch.full((n - g.numel(),), math.nan, dtype=torch.float64)])
+
+    monkeypatch.setattr(StepProbes, "_local_group_ness", old_group_ness)
+    with pytest.raises(AssertionError, match="failures"):
+        test_probe_tensor_code_keeps_to_the_training_device(monkeypatch)
