@@ -1,4 +1,4 @@
-"""GNS estimator oracles from ../shared/docs/GNS_ESS.md section 3: closed forms (T2), invariances and
+"""GNS estimator oracles of docs/probes.md section 3: closed forms (T2), invariances and
 negative controls (T4, T5), and the statistical oracles S1-S3 with fixed seeds."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_closed_forms_micro_level_and_paper_formulas():
 def test_estimator_inverts_the_expectations_symbolically():
     sympy = pytest.importorskip("sympy")
     g2, tr, a, beta = sympy.symbols("G2 T a beta", positive=True)
-    s_bar, q = g2 + a * tr, g2 + beta * tr  # E[S] and E[Q] (GNS_ESS.md 1.3)
+    s_bar, q = g2 + a * tr, g2 + beta * tr  # E[S] and E[Q] (docs/probes.md 1.3)
     assert sympy.simplify((s_bar - q) / (a - beta) - tr) == 0
     assert sympy.simplify((a * q - beta * s_bar) / (a - beta) - g2) == 0
 
@@ -399,7 +399,7 @@ def test_fieller_band_worked_values():
 
 
 def test_s4_standard_error_is_calibrated():
-    # Across 200 seeds, |B_simple_ema / 64 - 1| <= 2 rel_se should hold for 85-99% of runs (GNS_ESS.md S4).
+    # Across 200 seeds, |B_simple_ema / 64 - 1| <= 2 rel_se should hold for 85-99% of runs (docs/probes.md 3, S4).
     hits = 0
     for seed in range(200):
         bs, _, st = run_ratio_of_sums(150, [4] * 8, 4.0, seed=1000 + seed, state=GNSState(beta=0.95))

@@ -183,7 +183,7 @@ def test_dropping_zero_advantage_groups_leaves_every_level_unchanged(setup, zero
     # zero_groups=[1]: block [0,1] keeps group 0, its micro mean is still (gamma_0 + 0)/2 with b = 2.
     # zero_groups=[0,1]: block [0,1] is skipped entirely and enters as one zero small gradient with b = 2.
     # (The old re-packing of kept groups into new blocks would have made the micro partition depend on the
-    # advantages and biased the micro level: GNS_ESS.md 1.3 needs blocks chosen independently of the units.)
+    # advantages and biased the micro level: docs/probes.md 1.3 needs blocks chosen independently of the units.)
     kept, dropped = steps_with_and_without_dropping(setup, zero_groups)
     for level in ("unit", "micro"):
         a, b = kept.tracker.last[level], dropped.tracker.last[level]
@@ -284,37 +284,51 @@ def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history
 
 
 # ------------------------------------------------------------------------ device placement (issue: CUDA)
+class _OneLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
 def _probe_step_on(meta: torch.device):
-    """One probe step (micro and rank levels, ESS, PPO ratios, metrics) with every tensor on `meta`."""
-    p = torch.nn.Parameter(torch.zeros(16, dtype=torch.float64, device=meta))
+    """One probe step at every GNS level (a peft LoRA linear for the unit level: the tiny Qwen2 cannot run on
+    meta, transformers reads its mask with .item()), with the ESS, PPO ratios and metrics, all on `meta`."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_OneLinear(), LoraConfig(r=2, target_modules=["proj"], init_lora_weights=False))
+    model = model.double().to(meta)
     probes = StepProbes(
-        None,
-        [p],
-        levels=["micro", "rank"],
+        model,
+        trainable_parameters(model),
+        levels=["unit", "micro", "rank"],
         ema_beta=0.9,
         units_per_step=4,
         world_size=1,
         micro_batch_groups=2,
         device=meta,
     )
-    adv = torch.zeros(8, dtype=torch.float64, device=meta)
-    probes.begin_step(G, adv, [3] * 8)
+    n_seq, T = 2 * G, 3  # a micro-batch: 2 groups of G sequences of T tokens
+    probes.begin_step(G, torch.zeros(4 * G, dtype=torch.float64, device=meta), [T] * (4 * G))
     for groups in ([0, 1], [2, 3]):
         mb = SimpleNamespace(
             group_ids=groups,
             n_units=2,
-            mask=torch.ones(4, 3, device=meta),
-            rollout_logp=torch.zeros(4, 3, device=meta),
-            advantages=torch.zeros(4, dtype=torch.float64, device=meta),
+            mask=torch.ones(n_seq, T, device=meta),
+            rollout_logp=torch.zeros(n_seq, T, device=meta),
+            advantages=torch.zeros(n_seq, dtype=torch.float64, device=meta),
         )
         with probes.micro(mb):
-            (torch.ones(16, dtype=torch.float64, device=meta) @ p).backward()
-        old = torch.zeros(4, 3, dtype=torch.float64, device=meta)
-        probes.observe_rollout(mb, old, torch.ones(4, 3, device=meta))
+            model(torch.ones(n_seq, T, 8, dtype=torch.float64, device=meta)).sum().backward()
+        old = torch.zeros(n_seq, T, dtype=torch.float64, device=meta)
+        probes.observe_rollout(mb, old, torch.ones(n_seq, T, device=meta))
         probes.observe_ppo(mb, old, old)
     probes.before_allreduce()
     probes.after_allreduce()
     m = probes.metrics()
+    probes.remove_hooks()
     return probes, m
 
 

@@ -1,9 +1,10 @@
-"""TensorBoard custom-scalar layout for the probes (one tab, rows as in GNS_ESS.md section 4) and alerts.
+"""TensorBoard custom-scalar layout for the probes (one tab, rows as in docs/probes.md 4) and alerts.
 
-The alert rules are heuristics, stated as such in the README: the token ESS of the trainer/rollout mismatch
+The alert rules (docs/probes.md 4) are heuristics: the token ESS of the trainer/rollout mismatch
 (the smaller of ess/token on the weights used and ess/token_raw on the raw ratios, so it fires without TIS too)
 < 0.95 warn, < 0.8 critical, or a drop of more than 3 sd (floor 0.005) below its recent steps;
-B/B_simple < 0.25 noise-dominated, > 4 compute-wasteful (only once B_simple is trustworthy, rel SE <= 0.3);
+a NaN or +inf weight reads 0 (critical); noise-dominated when the whole B_simple band lies above the batch and
+B/B_simple < 0.25, compute-wasteful when it lies below and B/B_simple > 4 (batch_alert);
 the GNS invalid for longer than its EMA window; trSigma at two levels disagreeing by more than [0.7, 1.4]
 while the SE is below 0.15.
 """

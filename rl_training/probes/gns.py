@@ -1,6 +1,6 @@
 """Gradient noise scale (McCandlish et al. 2018, arXiv:1812.06162), as pure functions and a small state.
 
-Spec: ../shared/docs/GNS_ESS.md (sections 1.3-1.6). The sampling unit is the prompt group. Each optimizer step
+Spec: docs/probes.md (sections 1.3-1.6). The sampling unit is the prompt group. Each optimizer step
 gives K "small" gradients g_k (each the mean of b_k units; disjoint units, so independent) and the big
 gradient G_B = sum_k c_k g_k actually applied (trainable parameters, all-reduced, before clipping). With
     S = (1/K) sum_k |g_k|^2,   Q = |G_B|^2,   a = (1/K) sum_k 1/b_k,   beta = sum_k c_k^2 / b_k
@@ -47,7 +47,7 @@ class RawEstimate:
 
 
 def two_batch_estimate(sums: SmallBatchSums, big_sq_norm: float) -> RawEstimate | None:
-    """The general weighted two-batch estimator (GNS_ESS.md 1.3); None when it is not identifiable."""
+    """The general weighted two-batch estimator (docs/probes.md 1.3); None when it is not identifiable."""
     if sums.k < 2:
         return None
     s_bar = sums.sq_norm_sum / sums.k
@@ -285,7 +285,7 @@ def recommend_batch(
 
 @dataclass
 class Hysteresis:
-    """Hold a recommendation for at least `hold` steps before it may change (GNS_ESS.md 1.6: at most every R
+    """Hold a recommendation for at least `hold` steps before it may change (docs/probes.md 1.6: at most every R
     steps), so a noisy estimate near a rounding boundary does not flip the advice every step."""
 
     hold: int
