@@ -92,6 +92,7 @@ class StepProbes:
         self.invalid_streak = 0
         self.ess_history: deque[float] = deque(maxlen=50)  # recent mismatch ESS values for the drop alert
         self.guard = ProbeGuard()
+        self.failures_total = 0.0  # probe/failures of the last step: all ranks, since the start of the run
         self.q = math.nan
         self._reset(0, [])
 
@@ -270,14 +271,16 @@ class StepProbes:
     # -------------------------------------------------------------------------------------- output
     def metrics(self) -> dict[str, float]:
         """Collective: reduce the ESS sums and format every probe value for logging."""
-        n_max, n_sum, n_gather = len(ESS_KINDS) + 1, len(ESS_KINDS) * len(ESS_FIELDS) + len(STEP_SUMS) + 2, None
-        n_gather = self.units // self.world  # groups per rank: the same on every rank, whatever failed
-        local_max, local_sums, gness = [math.nan] * n_max, [math.nan] * n_sum, [math.nan] * n_gather
+        # payload sizes fixed by the configuration, so every rank sends the same whatever failed
+        n_max, n_sum = len(ESS_KINDS) + 1, len(ESS_KINDS) * len(ESS_FIELDS) + len(STEP_SUMS) + 2
+        n_gather = self.units // self.world  # groups per rank
+        local_max, local_sums, gness, kish = [math.nan] * n_max, [math.nan] * n_sum, [math.nan] * n_gather, None
         with self.guard("metrics"):
             local_max, kish = self._local_maxima()
         mx = dist.all_reduce_(_vector(local_max, self.device), "max")
-        with self.guard("metrics"):
-            local_sums = self._local_sums(kish, mx[: len(ESS_KINDS)])
+        if kish is not None:
+            with self.guard("metrics"):
+                local_sums = self._local_sums(kish, mx[: len(ESS_KINDS)])
         local_sums[-2:] = [float(self.guard.step_failed), float(self.guard.failures)]
         tot = dist.all_reduce_(_vector(local_sums, self.device))
         with self.guard("metrics"):
@@ -287,7 +290,7 @@ class StepProbes:
         out: dict[str, float] = {}
         with self.guard("metrics"):
             out = self._format(host[:n_max], host[n_max : n_max + n_sum], host[n_max + n_sum :])
-        out["probe/failures"] = host[n_max + n_sum - 1]  # all ranks, since the start of the run
+        out["probe/failures"] = self.failures_total = host[n_max + n_sum - 1]  # all ranks, whole run
         out["probe/step_failed"] = float(host[n_max + n_sum - 2] > 0 or self.guard.step_failed)
         self.guard.step_failed = False
         return out
@@ -426,7 +429,7 @@ class StepProbes:
             "ess_history": list(self.ess_history),
             "invalid_streak": self.invalid_streak,
             "hook_errors": self.hook_errors,
-            "failures": self.guard.failures,
+            "failures": self.failures_total,  # over all ranks: restored on rank 0 only
         }
 
     def load_state_dict(self, d: dict) -> None:
@@ -447,7 +450,8 @@ class StepProbes:
         self.ess_history.clear()
         self.ess_history.extend(d["ess_history"])
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
-        self.guard.failures = d.get("failures", 0)
+        rank0 = not dist.is_dist() or tdist.get_rank() == 0
+        self.guard.failures = int(d.get("failures", 0)) if rank0 else 0
 
 
 def _all_gather_cat(x: torch.Tensor) -> torch.Tensor:
