@@ -55,11 +55,10 @@ def log_kish(log_w: torch.Tensor, mask: torch.Tensor | None = None, counts: torc
     `counts` times (default 1). log_w = -inf is a weight of 0; NaN and +inf are counted as bad."""
     lw = log_w.detach().double()
     c = torch.ones_like(lw) if counts is None else counts.detach().double().expand_as(lw)
-    if mask is not None:
-        valid = mask.bool()
-        lw, c = lw[valid], c[valid]
+    if mask is not None:  # masked entries get count 0 (`where`, not indexing: no host sync on CUDA)
+        c = torch.where(mask.bool(), c, 0.0)
     lw, c = lw.reshape(-1), c.reshape(-1)
-    bad = torch.isnan(lw) | (lw == math.inf)
+    bad = (torch.isnan(lw) | (lw == math.inf)) & (c > 0)
     ok = torch.isfinite(lw) & (c > 0)
     shift = torch.where(ok, lw, -math.inf).max() if lw.numel() else _zero(lw.device) - math.inf
     x = torch.where(ok, lw - torch.where(torch.isfinite(shift), shift, 0.0), -math.inf)

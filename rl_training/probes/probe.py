@@ -249,14 +249,16 @@ class StepProbes:
         self.kish["tok_raw"] += E.log_kish(log_rho, m)
         used = E.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
         self.kish["tok_used"] += E.log_kish(used, m)
-        lr = log_rho[m]
-        self.log_rho_all.append(lr)
+        # Valid tokens are selected with `where` (boolean indexing would sync the host on CUDA); pads are
+        # NaN for the quantile (nanquantile skips them) and 0 in the sums.
+        self.log_rho_all.append(torch.where(m, log_rho, math.nan).reshape(-1))
+        lr = torch.where(m, log_rho, 0.0)
         # KL(rollout || train) estimates from samples of the rollout policy; a non-finite ratio gives a
         # non-finite reading here (torch arithmetic never raises), while the ESS counts it as bad.
         self.sums["k1"] = self.sums["k1"] + (-lr).sum()
         self.sums["k3"] = self.sums["k3"] + (torch.exp(lr) - 1 - lr).sum()
-        self.sums["rho2"] = self.sums["rho2"] + torch.exp(2 * lr).sum()
-        self.sums["tok"] = self.sums["tok"] + float(lr.numel())
+        self.sums["rho2"] = self.sums["rho2"] + torch.where(m, torch.exp(2 * lr), 0.0).sum()
+        self.sums["tok"] = self.sums["tok"] + m.double().sum()
         self.sums["lr.sum"] = self.sums["lr.sum"] + lr.sum()
         self.sums["lr.sq"] = self.sums["lr.sq"] + (lr * lr).sum()
         self.seq_log_w.append(E.sequence_log_weights(log_rho, mb.mask))
@@ -300,7 +302,7 @@ class StepProbes:
         seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
         kish["seq"] = E.log_kish(seq_lw.to(self.device))
         all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
-        p999 = torch.quantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
+        p999 = torch.nanquantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
         return [*(kish[k].shift for k in ESS_KINDS), p999], kish
 
     def _local_sums(self, kish: dict[str, E.LogKish], shifts: torch.Tensor) -> list:
