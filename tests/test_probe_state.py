@@ -204,13 +204,17 @@ def test_an_exception_inside_a_gradient_hook_does_not_abort_the_backward(monkeyp
 
 
 def failing_rank_worker(rank: int, world: int, port: int, out: str) -> None:
-    """3 steps on `world` ranks; at step 1 rank 1 fails in its ESS code and, at step 2, in a gradient hook."""
+    """4 steps on `world` ranks; rank 1 fails at step 1 in its ESS code, at step 2 in a gradient hook, at step
+    3 in metrics() between its collectives."""
     from tests.ddp_worker import _init
 
     _init(rank, world, port)
     probes, p = make_probes(levels=("micro", "rank"), world=world)
     res = []
-    for step in range(3):
+    for step in range(4):
+        if rank == 1 and step == 3:  # inside metrics(), between its collectives
+            del probes.micro_cap.arm  # the class's arm again
+            probes._local_maxima = _raise
         if rank == 1 and step == 1:
             probes._observe_rollout = _raise
         if rank == 1 and step == 2:
@@ -241,8 +245,9 @@ def test_one_rank_failing_leaves_no_rank_waiting_and_both_agree(tmp_path):
     for a, b in zip(r0, r1, strict=True):
         assert a["grad"] == b["grad"]  # training's all-reduce ran in step on both ranks
         assert (a["probe/step_failed"], a["gns"]) == (b["probe/step_failed"], b["gns"])  # they agree
-    # rank 1 holds 2 micro-batches: 2 failures at step 1 (ESS code), 2 more at step 2 (hooks)
-    assert [s["probe/step_failed"] for s in r0] == [0.0, 1.0, 1.0]
-    assert [s["probe/failures"] for s in r0] == [0.0, 2.0, 4.0]
+    # rank 1 holds 2 micro-batches: 2 failures at step 1 (ESS code), 2 more at step 2 (hooks), 1 at step 3
+    assert [s["probe/step_failed"] for s in r0] == [0.0, 1.0, 1.0, 1.0]
+    assert [s["probe/failures"] for s in r0] == [0.0, 2.0, 4.0, 5.0]
     assert r0[2]["gns"] == {"micro": [1, 2], "rank": [1, 2]}  # steps 1, 2 skipped at every level, on both ranks
+    assert r0[3]["gns"] == {"micro": [2, 2], "rank": [2, 2]}  # step 3 failed after its GNS update
     assert r0[0]["ess"] == r1[0]["ess"] > 0.9
