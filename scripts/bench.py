@@ -10,7 +10,7 @@ hf,vllm where vllm is installed. One process per run: vLLM's sleep mode allows o
 allocator asserts otherwise), and the peak RSS column is then each run's own.
 
 `--batches B1,B2,...` runs each backend at those rollout.prompts_per_step values and fits the step-time model
-step_s = t_f + t_u * B (GNS_ESS.md 1.6); it prints the probe.step_time_fixed_s / probe.step_time_per_group_s
+step_s = t_f + t_u * B (docs/probes.md 1.6); it prints the probe.step_time_fixed_s / probe.step_time_per_group_s
 overrides that let the GNS probe log the goodput-optimal batch probe/gns/b_star.
 """
 

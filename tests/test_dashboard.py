@@ -65,13 +65,18 @@ def test_alert_rules():
     assert set(alerts(ok, 0).values()) == {0.0}
     assert alerts({**ok, "probe/ess/token": 0.9}, 0)["probe/alert/ess_token"] == 1.0
     assert alerts({**ok, "probe/ess/token": 0.5}, 0)["probe/alert/ess_token"] == 2.0
-    assert alerts({**ok, "probe/gns/batch_ratio": 0.1}, 0)["probe/alert/batch"] == -1.0
-    assert alerts({**ok, "probe/gns/batch_ratio": 5.0}, 0)["probe/alert/batch"] == 1.0
-    # An uncertain B_simple never raises the batch alert.
-    assert (
-        alerts({**ok, "probe/gns/batch_ratio": 0.1, "probe/gns/b_simple_rel_se": math.nan}, 0)["probe/alert/batch"]
-        == 0.0
-    )
+    # Batch alert: the band must lie wholly on one side of B (B = 32 here) and the point ratio beyond 1/4 or 4.
+    band = {"probe/gns/batch_units": 32.0, "probe/gns/b_simple_lo": 200.0, "probe/gns/b_simple_hi": 400.0}
+    assert alerts({**ok, **band, "probe/gns/batch_ratio": 0.1}, 0)["probe/alert/batch"] == -1.0
+    assert alerts({**ok, **band, "probe/gns/batch_ratio": math.nan}, 0)["probe/alert/batch"] == -1.0  # |G|^2 <= 0
+    assert alerts({**ok, **band, "probe/gns/batch_ratio": 0.3}, 0)["probe/alert/batch"] == 0.0  # not below 1/4
+    low = {**band, "probe/gns/b_simple_lo": 4.0, "probe/gns/b_simple_hi": 7.0}
+    assert alerts({**ok, **low, "probe/gns/batch_ratio": 5.0}, 0)["probe/alert/batch"] == 1.0
+    # A band that contains B (B_simple not known to be above or below it) never raises the batch alert,
+    # whatever the point estimate says; nor does the warm-up (band NaN).
+    wide = {**band, "probe/gns/b_simple_lo": 20.0, "probe/gns/b_simple_hi": math.inf}
+    assert alerts({**ok, **wide, "probe/gns/batch_ratio": 0.1}, 0)["probe/alert/batch"] == 0.0
+    assert alerts({**ok, "probe/gns/batch_ratio": 0.1}, 0)["probe/alert/batch"] == 0.0
     assert alerts(ok, 25)["probe/alert/gns_invalid"] == 1.0
     assert alerts({**ok, "probe/gns/trace_sigma_est@micro": 2.0}, 0)["probe/alert/levels_disagree"] == 1.0
 

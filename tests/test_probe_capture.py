@@ -4,12 +4,17 @@ backwards)."""
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from rl_training.algs.dr_grpo import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
+from rl_training.probes import ess as E
+from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 from rl_training.probes.probe import StepProbes
@@ -178,7 +183,7 @@ def test_dropping_zero_advantage_groups_leaves_every_level_unchanged(setup, zero
     # zero_groups=[1]: block [0,1] keeps group 0, its micro mean is still (gamma_0 + 0)/2 with b = 2.
     # zero_groups=[0,1]: block [0,1] is skipped entirely and enters as one zero small gradient with b = 2.
     # (The old re-packing of kept groups into new blocks would have made the micro partition depend on the
-    # advantages and biased the micro level: GNS_ESS.md 1.3 needs blocks chosen independently of the units.)
+    # advantages and biased the micro level: docs/probes.md 1.3 needs blocks chosen independently of the units.)
     kept, dropped = steps_with_and_without_dropping(setup, zero_groups)
     for level in ("unit", "micro"):
         a, b = kept.tracker.last[level], dropped.tracker.last[level]
@@ -276,3 +281,87 @@ def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history
     assert m["probe/alert/ess_token"] == 0.0
     assert list(probes.ess_history) == [first["probe/ess/token_raw"]]
     assert m["probe/gns/degenerate_group_frac"] == 1.0
+
+
+# ------------------------------------------------------------------------ device placement (issue: CUDA)
+class _OneLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def _probe_step_on(meta: torch.device):
+    """One probe step at every GNS level (a peft LoRA linear for the unit level: the tiny Qwen2 cannot run on
+    meta, transformers reads its mask with .item()), with the ESS, PPO ratios and metrics, all on `meta`."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_OneLinear(), LoraConfig(r=2, target_modules=["proj"], init_lora_weights=False))
+    model = model.double().to(meta)
+    probes = StepProbes(
+        model,
+        trainable_parameters(model),
+        levels=["unit", "micro", "rank"],
+        ema_beta=0.9,
+        units_per_step=4,
+        world_size=1,
+        micro_batch_groups=2,
+        device=meta,
+    )
+    n_seq, T = 2 * G, 3  # a micro-batch: 2 groups of G sequences of T tokens
+    probes.begin_step(G, torch.zeros(4 * G, dtype=torch.float64, device=meta), [T] * (4 * G))
+    for groups in ([0, 1], [2, 3]):
+        mb = SimpleNamespace(
+            group_ids=groups,
+            n_units=2,
+            mask=torch.ones(n_seq, T, device=meta),
+            rollout_logp=torch.zeros(n_seq, T, device=meta),
+            advantages=torch.zeros(n_seq, dtype=torch.float64, device=meta),
+        )
+        with probes.micro(mb):
+            model(torch.ones(n_seq, T, 8, dtype=torch.float64, device=meta)).sum().backward()
+        old = torch.zeros(n_seq, T, dtype=torch.float64, device=meta)
+        probes.observe_rollout(mb, old, torch.ones(n_seq, T, device=meta))
+        probes.observe_ppo(mb, old, old)
+    probes.before_allreduce()
+    probes.after_allreduce()
+    m = probes.metrics()
+    probes.remove_hooks()
+    return probes, m
+
+
+def test_probe_tensor_code_keeps_to_the_training_device(monkeypatch):
+    """Every probe entry point on the "meta" device: a tensor made on the CPU and mixed with the step's
+    tensors (a torch.cat with a CPU pad was the first GPU run's crash) raises here as it would on CUDA. The
+    guard would swallow that as a counted failure, so the test asserts none was counted, and that the two
+    host transfers receive meta tensors (they are the one place that may leave the device; on meta they
+    cannot be read, so a stand-in returns NaNs of the same length). Any other host sync (.item(), .tolist(),
+    a data-dependent shape) cannot run on meta either, so it would be counted as a failure too."""
+    meta = torch.device("meta")
+    moved = []
+
+    def to_host(t):
+        moved.append(t.device)
+        return [math.nan] * t.numel()
+
+    monkeypatch.setattr(probe_module, "_to_host", to_host)
+    # No fx_config.meta_nonzero_assume_all_nonzero here: meta refuses data-dependent shapes (boolean-mask
+    # indexing, nonzero), which on CUDA would each cost a host sync; the probes select with `where`.
+    probes, m = _probe_step_on(meta)
+    assert probes.guard.failures == 0, "failures"
+    assert probes.hook_errors == 0
+    assert moved == [meta, meta]  # one transfer per call, of tensors that never left the device
+    assert m["probe/step_failed"] == 0.0
+
+
+def test_the_meta_guard_catches_a_cpu_tensor(monkeypatch):
+    # The guard test above can fail: the old CPU pad of the group-ESS gather is counted as a failure on meta.
+    def old_group_ness(self, n):
+        g = E.group_ness(torch.cat(self.seq_log_w), self.G)
+        return torch.cat([g, torch.full((n - g.numel(),), math.nan, dtype=torch.float64)])
+
+    monkeypatch.setattr(StepProbes, "_local_group_ness", old_group_ness)
+    with pytest.raises(AssertionError, match="failures"):
+        test_probe_tensor_code_keeps_to_the_training_device(monkeypatch)

@@ -23,7 +23,7 @@ def render_prompt(
 
 def dedupe_questions(examples: list[Example]) -> tuple[list[Example], int]:
     """Keep the first example of each question text, in order. A prompt drawn twice in one step would make two
-    prompt groups correlated units, which biases the GNS (GNS_ESS.md pitfall P7) and double-weights it."""
+    prompt groups correlated units, which biases the GNS (docs/probes.md 2, pitfall P7) and double-weights it."""
     seen: set[str] = set()
     kept = [ex for ex in examples if not (ex.question in seen or seen.add(ex.question))]
     return kept, len(examples) - len(kept)

@@ -1,16 +1,18 @@
 """Autograd hooks that read the small gradients the GNS estimator needs, without touching `.grad`.
 
-- `MicroGradCapture` (GNS_ESS.md design A): a tensor hook on every trainable parameter receives the gradient
+- `MicroGradCapture` (docs/probes.md 2.A): a tensor hook on every trainable parameter receives the gradient
   of the armed backward only, before it is accumulated into `.grad` and before any all-reduce. The squared
   norms are summed in float64 on the device (no .item() inside a hook). The hook count per backward is
   checked against the parameter count (pitfall P6: hooks must fire only for the training backward).
-- `LoraUnitCapture` (design C): exact per-prompt-group squared gradient norms of the LoRA matrices. For a
+- `LoraUnitCapture` (docs/probes.md 2.C): exact per-prompt-group squared gradient norms of the LoRA matrices. For a
   LoRA linear y = base(x) + B(A(x)) * s, a sequence's gradients are sum_t dA_t^T x_t (for A) and
   sum_t dv_t^T u_t (for B), where u = A(x), v = B(u), and dA, dv are the gradients at A's and B's outputs.
   Forward hooks on peft's lora_A / lora_B modules register tensor hooks on their outputs; the per-sequence
   gradients are summed over each group's G consecutive rows and square-summed over all layers.
   Not valid with gradient checkpointing (the recompute fires forward hooks twice), so the caller disables it.
-Neither class calls `zero_grad` or modifies any gradient (PITFALLS: probes must not touch training grads).
+Neither class calls `zero_grad` or modifies any gradient (PITFALLS: probes must not touch training grads), and
+neither raises from a hook: an exception there would abort the training backward, so it is kept in `.error`
+for the caller to count (docs/probes.md 5).
 """
 
 from __future__ import annotations
@@ -26,23 +28,35 @@ class MicroGradCapture:
         self._armed = False
         self._acc: torch.Tensor | None = None
         self.calls = 0
+        self.error: BaseException | None = None  # an exception inside a hook, kept for the caller to count
         self._handles = [p.register_hook(self._hook) for p in params]
 
     def _hook(self, g: torch.Tensor) -> None:
-        if self._armed:
+        if not self._armed:
+            return
+        try:
             self._acc = self._acc + g.detach().double().pow(2).sum()  # float64 like Q (pitfall P3)
             self.calls += 1
+        except Exception as e:  # noqa: BLE001 - raised here it would abort the training backward
+            self.error = e
+
+    def arm(self) -> None:
+        self._acc = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        self.calls = 0
+        self.error = None
+        self._armed = True
+
+    def disarm(self) -> None:
+        self._armed = False
 
     @contextmanager
     def capture(self):
         """Arm the hooks around one forward + backward; read `.sq_norm` afterwards."""
-        self._acc = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
-        self.calls = 0
-        self._armed = True
+        self.arm()
         try:
             yield self
         finally:
-            self._armed = False
+            self.disarm()
 
     @property
     def sq_norm(self) -> torch.Tensor:
@@ -80,6 +94,7 @@ class LoraUnitCapture:
         self._acc: torch.Tensor | None = None
         self._groups = 0
         self.forwards = self.backwards = 0
+        self.error: BaseException | None = None  # an exception inside a hook or the flush, for the caller
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_bytes = 0
         self._handles = []
@@ -95,13 +110,16 @@ class LoraUnitCapture:
             output.register_hook(lambda g: self._stash(g, x))
 
     def _stash(self, grad: torch.Tensor, inp: torch.Tensor) -> None:
-        if grad.dim() != 3:
-            raise RuntimeError("per-unit capture needs [batch, time, features] activations")
-        self.backwards += 1
-        self._pending.append((grad.detach(), inp))
-        self._pending_bytes += grad.numel() * grad.element_size() + inp.numel() * inp.element_size()
-        if self._pending_bytes > self.FLUSH_BYTES:
-            self._flush()
+        try:
+            if grad.dim() != 3:
+                raise RuntimeError("per-unit capture needs [batch, time, features] activations")
+            self.backwards += 1
+            self._pending.append((grad.detach(), inp))
+            self._pending_bytes += grad.numel() * grad.element_size() + inp.numel() * inp.element_size()
+            if self._pending_bytes > self.FLUSH_BYTES:
+                self._flush()
+        except Exception as e:  # noqa: BLE001 - raised in a tensor hook it would abort the training backward
+            self.error = e
 
     def _flush(self) -> None:
         """Per-group squared norms of every pending weight gradient, one batched bmm per shape."""
@@ -121,18 +139,29 @@ class LoraUnitCapture:
             self._acc += torch.linalg.vector_norm(per_group, dim=(1, 2)).square().view(L, n).sum(0)
         self._pending, self._pending_bytes = [], 0
 
-    @contextmanager
-    def capture(self, n_groups: int):
+    def arm(self, n_groups: int) -> None:
         """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups."""
         self._acc = torch.zeros(n_groups, dtype=torch.float64, device=next(self.pairs[0][0].parameters()).device)
         self._groups = n_groups
         self.forwards = self.backwards = 0
+        self.error = None
         self._armed = True
+
+    def disarm(self) -> None:
+        self._armed = False
+        try:
+            self._flush()
+        except Exception as e:  # noqa: BLE001 - the caller counts it; training must go on
+            self.error = e
+            self._pending, self._pending_bytes = [], 0
+
+    @contextmanager
+    def capture(self, n_groups: int):
+        self.arm(n_groups)
         try:
             yield self
         finally:
-            self._armed = False
-            self._flush()
+            self.disarm()
 
     @property
     def hooks_ok(self) -> bool:

@@ -1,9 +1,10 @@
-"""TensorBoard custom-scalar layout for the probes (one tab, rows as in GNS_ESS.md section 4) and alerts.
+"""TensorBoard custom-scalar layout for the probes (one tab, rows as in docs/probes.md 4) and alerts.
 
-The alert rules are heuristics, stated as such in the README: the token ESS of the trainer/rollout mismatch
+The alert rules (docs/probes.md 4) are heuristics: the token ESS of the trainer/rollout mismatch
 (the smaller of ess/token on the weights used and ess/token_raw on the raw ratios, so it fires without TIS too)
 < 0.95 warn, < 0.8 critical, or a drop of more than 3 sd (floor 0.005) below its recent steps;
-B/B_simple < 0.25 noise-dominated, > 4 compute-wasteful (only once B_simple is trustworthy, rel SE <= 0.3);
+a NaN or +inf weight reads 0 (critical); noise-dominated when the whole B_simple band lies above the batch and
+B/B_simple < 0.25, compute-wasteful when it lies below and B/B_simple > 4 (batch_alert);
 the GNS invalid for longer than its EMA window; trSigma at two levels disagreeing by more than [0.7, 1.4]
 while the SE is below 0.15.
 """
@@ -88,12 +89,25 @@ LAYOUT = {
 
 ESS_WARN, ESS_CRITICAL = 0.95, 0.8
 DROP_SD, DROP_FLOOR, DROP_MIN_HISTORY = 3.0, 0.005, 10
+NOISE_RATIO, WASTE_RATIO = 0.25, 4.0  # B/B_simple outside [1/4, 4]: the batch alert
 
 
 def mismatch_ess(m: dict[str, float]) -> float:
     """The token ESS the ess_token alert watches: without TIS the weights used are all 1 (ess/token = 1), so
     the raw ratios are what show a trainer/rollout disagreement."""
     return min(m.get("probe/ess/token", 1.0), m.get("probe/ess/token_raw", 1.0))
+
+
+def batch_alert(batch: float, ratio: float, lo: float, hi: float) -> float:
+    """-1 noise-dominated: the whole B_simple band lies above the batch (B < lo: one-sided error <= 2.3%) and
+    the point estimate puts the batch below B_simple/4 (a ratio of NaN with a band means |G|^2_ema <= 0: all
+    noise). +1 compute-wasteful: B > hi and the batch is above 4 B_simple. Never during the band's warm-up
+    (lo, hi NaN). docs/probes.md 4 gives the rates measured at B/B_simple = 0.04, 0.2, 1 and 5."""
+    if batch < lo and not ratio >= NOISE_RATIO:
+        return -1.0
+    if batch > hi and ratio > WASTE_RATIO:
+        return 1.0
+    return 0.0
 
 
 def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = ()) -> dict[str, float]:
@@ -118,9 +132,12 @@ def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = 
         out["probe/alert/ess_token"] = 2.0
     elif tok < ESS_WARN or drop:
         out["probe/alert/ess_token"] = 1.0
-    se, ratio = m.get("probe/gns/b_simple_rel_se", math.nan), m.get("probe/gns/batch_ratio", math.nan)
-    if se <= 0.3:
-        out["probe/alert/batch"] = -1.0 if ratio < 0.25 else (1.0 if ratio > 4 else 0.0)
+    out["probe/alert/batch"] = batch_alert(
+        m.get("probe/gns/batch_units", math.nan),
+        m.get("probe/gns/batch_ratio", math.nan),
+        m.get("probe/gns/b_simple_lo", math.nan),
+        m.get("probe/gns/b_simple_hi", math.nan),
+    )
     if invalid_streak > m.get("probe/gns/n_eff", math.inf):
         out["probe/alert/gns_invalid"] = 1.0
     levels = [
@@ -128,6 +145,7 @@ def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = 
         for k in ("probe/gns/trace_sigma_est@unit", "probe/gns/trace_sigma_est@micro", "probe/gns/trace_sigma_est@rank")
         if k in m and m[k] > 0
     ]
+    se = m.get("probe/gns/b_simple_rel_se", math.nan)
     if len(levels) >= 2 and se < 0.15 and not 0.7 <= max(levels) / min(levels) <= 1.4:
         out["probe/alert/levels_disagree"] = 1.0
     return out

@@ -1,27 +1,74 @@
-"""Effective sample size of the weights a step actually uses, as pure functions (spec: GNS_ESS.md 1.7).
+"""Effective sample size of the weights a step actually uses, as pure functions (docs/probes.md 1.7).
 
 Kish: ESS = (sum w)^2 / sum w^2, ness = ESS / N in [1/N, 1]; ESS = N for uniform weights, invariant to
-scaling w. Everything is computed from sums that the caller all-reduces across ranks (the mean of per-rank
-ESS is not the global ESS). N counts valid items before any masking; all-zero weights give ESS = 0 with
-`defined = False`, never NaN. Sequence-level importance weights exp(sum_t log rho_t) are handled in the log
-domain: w_i = exp(l_i - max_j l_j), so +-1000 nats stay finite.
+scaling w. Every ESS here (token, sequence, PPO ratio, advantage) is computed in the log domain: weights
+w_i = exp(l_i) are kept as exp(shift) * sum exp(l_i - shift) with shift = the largest finite l_i, so log
+ratios of +-1000 and weights from 1e-300 to 1e+300 neither overflow nor underflow, and the ESS (which does
+not depend on the scale) is exact. Sums from several micro-batches or ranks are combined by rescaling to the
+larger shift (the caller all-reduces the max shift first; the mean of per-rank ESS is not the global ESS).
+N counts valid items before any masking. All-zero weights give ESS = 0 with `defined = False`; a NaN or +inf
+weight (a corrupted log-prob) gives the defined critical reading ESS = 0, counted in `bad`, never an
+exception and never a NaN that would silence the alert. Fields are 0-d float64 tensors on the inputs'
+device, so a step's values reach the host in one transfer (the caller's), not one per micro-batch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 
-@dataclass(frozen=True)
-class KishSums:
-    sum_w: float
-    sum_w2: float
-    n: float  # valid items (masked ones included, with weight 0)
+def _zero(device=None) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.float64, device=device)
 
-    def __add__(self, other: KishSums) -> KishSums:
-        return KishSums(self.sum_w + other.sum_w, self.sum_w2 + other.sum_w2, self.n + other.n)
+
+@dataclass(frozen=True)
+class LogKish:
+    """sum w = exp(shift) s1 and sum w^2 = exp(2 shift) s2 over n valid items; `bad` of them NaN or +inf."""
+
+    shift: torch.Tensor  # the largest finite log weight seen; -inf when there is none
+    s1: torch.Tensor
+    s2: torch.Tensor
+    n: torch.Tensor
+    bad: torch.Tensor
+
+    @staticmethod
+    def empty(device=None) -> LogKish:
+        z = _zero(device)
+        return LogKish(z - math.inf, z, z, z, z)
+
+    def rescaled(self, shift: torch.Tensor) -> LogKish:
+        """The same sums relative to a shift >= self.shift (an empty or all-zero part contributes 0)."""
+        f = torch.where(self.shift == -math.inf, _zero(self.s1.device), torch.exp(self.shift - shift))
+        return LogKish(shift, self.s1 * f, self.s2 * f * f, self.n, self.bad)
+
+    def __add__(self, other: LogKish) -> LogKish:
+        m = torch.maximum(self.shift, other.shift.to(self.shift.device))
+        a, b = self.rescaled(m), other.rescaled(m)
+        return LogKish(m, a.s1 + b.s1, a.s2 + b.s2, a.n + b.n, a.bad + b.bad)
+
+
+def log_kish(log_w: torch.Tensor, mask: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> LogKish:
+    """Log-domain Kish sums of w = exp(log_w) (any shape) over the valid entries (mask 1), each counted
+    `counts` times (default 1). log_w = -inf is a weight of 0; NaN and +inf are counted as bad."""
+    lw = log_w.detach().double()
+    c = torch.ones_like(lw) if counts is None else counts.detach().double().expand_as(lw)
+    if mask is not None:  # masked entries get count 0 (`where`, not indexing: no host sync on CUDA)
+        c = torch.where(mask.bool(), c, 0.0)
+    lw, c = lw.reshape(-1), c.reshape(-1)
+    bad = (torch.isnan(lw) | (lw == math.inf)) & (c > 0)
+    ok = torch.isfinite(lw) & (c > 0)
+    shift = torch.where(ok, lw, -math.inf).max() if lw.numel() else _zero(lw.device) - math.inf
+    x = torch.where(ok, lw - torch.where(torch.isfinite(shift), shift, 0.0), -math.inf)
+    return LogKish(shift, (c * torch.exp(x)).sum(), (c * torch.exp(2 * x)).sum(), c.sum(), (c * bad).sum())
+
+
+def weight_log(w: torch.Tensor) -> torch.Tensor:
+    """log of non-negative weights in float64 (0 -> -inf; a negative or NaN weight -> NaN, counted bad)."""
+    w = w.detach().double()
+    return torch.where(w >= 0, torch.log(w.clamp_min(0)), math.nan)
 
 
 @dataclass(frozen=True)
@@ -31,45 +78,35 @@ class ESS:
     defined: bool
 
 
-def kish_sums(w: torch.Tensor, mask: torch.Tensor | None = None) -> KishSums:
-    """Sums of weights w (any shape) over the valid entries (mask 1), in float64."""
-    w = w.double()
-    if mask is not None:
-        m = mask.bool()
-        w = w[m]
-    return KishSums(w.sum().item(), (w * w).sum().item(), float(w.numel()))
-
-
-def kish(s: KishSums) -> ESS:
-    if s.sum_w2 <= 0 or s.n <= 0:
+def kish(shift: float, s1: float, s2: float, n: float, bad: float) -> ESS:
+    """The ESS from (global) log-domain sums, as host floats. A bad weight is the critical reading 0."""
+    if bad > 0:
+        return ESS(0.0, 0.0, True)
+    if not s2 > 0 or n <= 0 or shift == -math.inf:
         return ESS(0.0, 0.0, False)
-    ess = s.sum_w**2 / s.sum_w2
-    return ESS(ess, ess / s.n, True)
+    ess = s1 * s1 / s2  # the largest weight contributes exp(0) = 1 to s1 and s2: no overflow, no underflow
+    return ESS(ess, ess / n, True)
+
+
+def kish_of(s: LogKish) -> ESS:
+    """kish() of a local LogKish (tests and single-process use)."""
+    return kish(*(float(v) for v in (s.shift, s.s1, s.s2, s.n, s.bad)))
 
 
 def sequence_log_weights(log_rho: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """l_i = sum_t log rho_t over each sequence's valid tokens. [B,L] -> [B], float64."""
-    return (log_rho.double() * mask.double()).sum(-1)
-
-
-def log_domain_sums(log_w: torch.Tensor, shift: float) -> KishSums:
-    """Kish sums of w_i = exp(l_i - shift); pass the global max of l as `shift` (ESS is scale invariant)."""
-    w = torch.exp(log_w.double() - shift)
-    return KishSums(w.sum().item(), (w * w).sum().item(), float(w.numel()))
+    """l_i = sum_t log rho_t over each sequence's valid tokens. [B,L] -> [B], float64. Pad positions are
+    excluded with `where` (a NaN or inf there times a 0 mask would be NaN)."""
+    return torch.where(mask.bool(), log_rho.double(), 0.0).sum(-1)
 
 
 def group_ness(log_w: torch.Tensor, group_size: int) -> torch.Tensor:
-    """ness of the sequence weights within each prompt group. [N] (group by group) -> [N/G], float64."""
+    """ness of the sequence weights within each prompt group. [N] (group by group) -> [N/G], float64. A group
+    with a NaN or +inf log weight reads 0 (critical); one with every weight 0 (all -inf) reads 0 too."""
     lw = log_w.double().view(-1, group_size)
-    w = torch.exp(lw - lw.max(dim=1, keepdim=True).values)
-    return w.sum(1) ** 2 / (w * w).sum(1) / group_size
-
-
-def advantage_token_sums(adv: torch.Tensor, lengths: torch.Tensor) -> tuple[float, float, float]:
-    """(sum_i T_i |A_i|, sum_i T_i A_i^2, sum_i T_i): ess/adv_token = (first)^2 / second / third."""
-    a, t = adv.double(), lengths.double()
-    return (t * a.abs()).sum().item(), (t * a * a).sum().item(), t.sum().item()
-
-
-def adv_token_ness(s1: float, s2: float, tokens: float) -> float:
-    return s1 * s1 / s2 / tokens if s2 > 0 and tokens > 0 else 0.0
+    bad = (torch.isnan(lw) | (lw == math.inf)).any(1)
+    ok = torch.isfinite(lw)
+    shift = torch.where(ok, lw, -math.inf).max(dim=1, keepdim=True).values
+    w = torch.where(ok, torch.exp(lw - torch.where(torch.isfinite(shift), shift, 0.0)), 0.0)
+    s2 = (w * w).sum(1)
+    ness = torch.where(s2 > 0, w.sum(1) ** 2 / torch.where(s2 > 0, s2, 1.0) / group_size, 0.0)
+    return torch.where(bad, 0.0, ness)

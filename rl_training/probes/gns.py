@@ -1,6 +1,6 @@
 """Gradient noise scale (McCandlish et al. 2018, arXiv:1812.06162), as pure functions and a small state.
 
-Spec: ../shared/docs/GNS_ESS.md (sections 1.3-1.6). The sampling unit is the prompt group. Each optimizer step
+Spec: docs/probes.md (sections 1.3-1.6). The sampling unit is the prompt group. Each optimizer step
 gives K "small" gradients g_k (each the mean of b_k units; disjoint units, so independent) and the big
 gradient G_B = sum_k c_k g_k actually applied (trainable parameters, all-reduced, before clipping). With
     S = (1/K) sum_k |g_k|^2,   Q = |G_B|^2,   a = (1/K) sum_k 1/b_k,   beta = sum_k c_k^2 / b_k
@@ -47,7 +47,7 @@ class RawEstimate:
 
 
 def two_batch_estimate(sums: SmallBatchSums, big_sq_norm: float) -> RawEstimate | None:
-    """The general weighted two-batch estimator (GNS_ESS.md 1.3); None when it is not identifiable."""
+    """The general weighted two-batch estimator (docs/probes.md 1.3); None when it is not identifiable."""
     if sums.k < 2:
         return None
     s_bar = sums.sq_norm_sum / sums.k
@@ -76,11 +76,36 @@ def ema_n_eff(beta: float, t: int) -> float:
 ZERO_TRACE_RTOL = 1e-12
 
 
+# The B_simple band is +-Z_BAND standard errors wide: 95.4% nominal coverage for normal EMA errors.
+Z_BAND = 2.0
+
+
+def fieller_band(tr: float, g2: float, v_tr: float, v_g2: float, cov: float, z: float = Z_BAND):
+    """Fieller's confidence set for the ratio tr/g2 of two jointly normal estimates (variances v_tr, v_g2 and
+    covariance cov of the estimates themselves), intersected with [0, inf): every rho >= 0 with
+    (tr - rho g2)^2 <= z^2 Var(tr - rho g2), i.e. a rho^2 - 2 b rho + c <= 0 below. Returns (lo, hi): hi is
+    inf when g2 is not significantly above 0 (a <= 0), and (nan, nan) when no rho >= 0 qualifies (g2
+    significantly negative). Unlike the delta method it does not divide by the noisy g2 (docs/probes.md 1.6)."""
+    a = g2 * g2 - z * z * v_g2
+    b = tr * g2 - z * z * cov
+    c = tr * tr - z * z * v_tr
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    if a > 0:  # bounded; the roots have the sign of b when c > 0, and straddle 0 when c <= 0
+        if c > 0 and b <= 0:
+            return math.nan, math.nan
+        return (0.0 if c <= 0 else (b - root) / a), (b + root) / a
+    if c <= 0:  # tr not significantly above 0 either: every rho >= 0
+        return 0.0, math.inf
+    if a == 0:
+        return (c / (2 * b), math.inf) if b > 0 else (math.nan, math.nan)
+    return (b - root) / a, math.inf  # a < 0 < c: one root of each sign; the set is [positive root, inf)
+
+
 @dataclass
 class GNSState:
     """Bias-corrected EMAs of the raw (trSigma, |G|^2) pair and of their second moments (for the SE).
 
-    `window` > 0 switches to the spec's window-sum mode (GNS_ESS.md 1.4, for tests and offline checks): plain
+    `window` > 0 switches to the window-sum mode (docs/probes.md 1.4, for tests and offline checks): plain
     sums over the last `window` updates, reset every `window` updates, so B_simple is the ratio of the
     window's sums and N_eff is the number of steps in it. `beta` is then unused by the smoothing."""
 
@@ -94,7 +119,8 @@ class GNSState:
     m_trg2: float = 0.0
     m_scale: float = 0.0  # smoothed max(S, Q)/(a - beta): the size of trSigma's round-off, ZERO_TRACE_RTOL
     skipped: int = 0  # steps whose estimate was non-finite or not identifiable
-    valid_steps: int = 0  # updates after which the estimate was valid (the recommendation's warm-up counts these)
+    valid_steps: int = 0  # updates after which the estimate was valid
+    bounded: list = field(default_factory=list)  # was the band bounded after each of the last lag + 1 updates
 
     def update(self, est: RawEstimate | None) -> None:
         if est is None:
@@ -102,6 +128,7 @@ class GNSState:
             return
         self._update(est)
         self.valid_steps += self.valid
+        self.bounded = [*self.bounded, math.isfinite(self._band()[1])][-(self.lag + 1) :]
 
     def _update(self, est: RawEstimate) -> None:
         if self.window and self.t == self.window:
@@ -136,8 +163,8 @@ class GNSState:
 
     @property
     def valid(self) -> bool:
-        """|G|^2_ema > 0 (the spec's rule), and also trSigma_ema >= 0 up to round-off: a negative noise estimate
-        would give a negative B_simple, which is shown as NaN too rather than as a number."""
+        """|G|^2_ema > 0, and also trSigma_ema >= 0 up to round-off: a negative noise estimate would give a
+        negative B_simple, which is shown as NaN too rather than as a number."""
         return self.t > 0 and self.grad_sq_norm > 0 and self._trace_sigma_or_zero() >= 0
 
     @property
@@ -149,8 +176,52 @@ class GNSState:
         return float(self.t) if self.window else ema_n_eff(self.beta, self.t)
 
     @property
+    def warmup(self) -> int:
+        """Updates before the band is shown: 3/(1-beta), when the EMA's second moments have settled."""
+        if self.window:
+            return 2
+        return math.ceil(3 / (1 - self.beta)) if self.beta < 1 else 10**9
+
+    @property
+    def lag(self) -> int:
+        """One EMA window, (1+beta)/(1-beta) updates (a whole window in window-sum mode). The trust gate reads
+        the band's boundedness this many updates back: the EMA now holds a fraction 1 - beta^lag (87% at beta
+        0.95) of fresh steps, so the gate is nearly independent of the errors of the band it lets through."""
+        if self.window:
+            return self.window
+        return math.ceil((1 + self.beta) / (1 - self.beta)) if self.beta < 1 else 10**9
+
+    def _moments(self) -> tuple[float, float, float, float, float]:
+        """EMA means of trSigma and |G|^2 and the (co)variances of those means: the weighted per-step
+        (co)variance, Bessel-corrected for EMA weights (x N_eff/(N_eff-1)), over N_eff."""
+        tr, g2, n = self.trace_sigma, self.grad_sq_norm, self.n_eff
+        v_tr = max(self._bc(self.m_tr2) - tr * tr, 0.0) / (n - 1)
+        v_g2 = max(self._bc(self.m_g22) - g2 * g2, 0.0) / (n - 1)
+        return tr, g2, v_tr, v_g2, (self._bc(self.m_trg2) - tr * g2) / (n - 1)
+
+    def _band(self) -> tuple[float, float]:
+        if self.t < 2 or self.n_eff <= 1:
+            return math.nan, math.nan
+        return fieller_band(*self._moments())
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """(lo, hi) of B_simple at +-Z_BAND SE (Fieller; hi = inf while |G|^2 is not significantly > 0);
+        NaN during the warm-up."""
+        return self._band() if self.t >= self.warmup else (math.nan, math.nan)
+
+    @property
+    def trusted(self) -> bool:
+        """The recommendation's gate: past the warm-up, and the band was bounded one EMA window (`lag`
+        updates) ago. Testing the current band instead opens the gate exactly when |G|^2 happens to be
+        overestimated, and then the band misses the truth (docs/probes.md 1.6)."""
+        return self.t >= self.warmup and len(self.bounded) > self.lag and self.bounded[0]
+
+    @property
     def b_simple_rel_se(self) -> float:
-        """Delta-method relative SE of B_simple from the per-step variances and covariance (GNS_ESS.md 1.4)."""
+        """Delta-method relative SE of B_simple from the per-step variances and covariance (docs/probes.md
+        1.4); only a size indicator: the band and the gate use Fieller's set, which does not divide by
+        the noisy |G|^2."""
         if not self.valid or self.t < 2:
             return float("nan")
         tr, g2 = self._trace_sigma_or_zero(), self.grad_sq_norm
@@ -168,9 +239,10 @@ class Recommendation:
 
 
 def b_star(b_simple: float, t_fixed: float, t_per_unit: float) -> float:
-    """Goodput-optimal batch on fixed hardware (GNS_ESS.md 1.6): with step time t_f + t_u B, progress per second
-    ~ B / ((B + B_simple)(t_f + t_u B)) peaks at B* = sqrt(B_simple t_f / t_u). NaN if an input is unknown."""
-    if not (b_simple > 0 and t_fixed > 0 and t_per_unit > 0):
+    """Goodput-optimal batch on fixed hardware (docs/probes.md 1.6): with step time t_f + t_u B, progress per
+    second ~ B / ((B + B_simple)(t_f + t_u B)) peaks at B* = sqrt(B_simple t_f / t_u). NaN if an input is
+    unknown; monotone in B_simple, so it maps the B_simple band to a B* band (b_star(0) = 0, b_star(inf) = inf)."""
+    if not (b_simple >= 0 and t_fixed > 0 and t_per_unit > 0):
         return float("nan")
     return math.sqrt(b_simple * t_fixed / t_per_unit)
 
@@ -194,20 +266,18 @@ def recommend_batch(
     b_min: int,
     b_max: int,
     kappa: float = 1.0,
-    max_rel_se: float = 0.3,
-    target: float | None = None,
+    target_band: tuple[float, float] | None = None,
 ) -> Recommendation:
-    """`target` (default kappa * B_simple; pass B* for the goodput-optimal variant), clipped to [b_min, b_max],
-    within x2 / /2 of the current batch, rounded to a multiple of `multiple`. Only after 3/(1-beta) updates with
-    a valid estimate and rel_se <= max_rel_se. Recommend only."""
-    need = math.ceil(3 / (1 - state.beta)) if state.beta < 1 else 10**9
-    if not state.valid or state.valid_steps < need:
-        return Recommendation(float("nan"), f"warming up ({state.valid_steps}/{need} valid steps)")
-    if not state.b_simple_rel_se <= max_rel_se:
-        return Recommendation(float("nan"), f"B_simple too uncertain (rel SE {state.b_simple_rel_se:.2f})")
-    want = kappa * state.b_simple if target is None else target
-    if not math.isfinite(want):
+    """The point of the target band (default kappa x the B_simple band; pass the B* band for the
+    goodput-optimal variant) nearest the current batch, so the advice moves the batch only when the current
+    one lies outside the band; then clipped to [b_min, b_max], within x2 / /2 of the current batch and
+    rounded to a multiple of `multiple`. NaN unless `state.trusted`. Recommend only."""
+    if not state.trusted:
+        return Recommendation(float("nan"), f"not trusted yet (update {state.t}; see docs/probes.md 1.6)")
+    lo, hi = (kappa * state.band[0], kappa * state.band[1]) if target_band is None else target_band
+    if not lo <= hi:
         return Recommendation(float("nan"), "no target")
+    want = min(max(float(current), lo), hi)
     clipped = min(max(want, b_min, current / 2), b_max, current * 2)
     rounded = max(multiple, round(clipped / multiple) * multiple)
     return Recommendation(float(rounded), "ok")
@@ -215,7 +285,7 @@ def recommend_batch(
 
 @dataclass
 class Hysteresis:
-    """Hold a recommendation for at least `hold` steps before it may change (GNS_ESS.md 1.6: at most every R
+    """Hold a recommendation for at least `hold` steps before it may change (docs/probes.md 1.6: at most every R
     steps), so a noisy estimate near a rounding boundary does not flip the advice every step."""
 
     hold: int

@@ -10,21 +10,25 @@ The trainer calls, per RL step (every rank, same order; the collectives are mark
     last inner epoch > 0:           probes.observe_ppo(mb, logp, old_logp)
     probes.metrics()                     # timed as the step's `probe` phase                 (collective)
 
-Unit accounting (GNS_ESS.md 1.5, 2): U = prompt groups in the step over all ranks, all counted (groups whose
-forward was skipped for a zero advantage are units with a zero gradient). With h the gradient a piece of work
-added to this rank's `.grad` under the step's loss scaling and W ranks, the step gradient is
+Unit accounting (docs/probes.md 1.5, 2): U = prompt groups in the step over all ranks, all counted (groups
+whose forward was skipped for a zero advantage are units with a zero gradient). With h the gradient a piece of
+work added to this rank's `.grad` under the step's loss scaling and W ranks, the step gradient is
 G_B = (1/W) sum_r grad_r = (1/U) sum_j gamma_j with per-unit gradients gamma_j = (U/W) h_j. Hence:
     unit  level: g = (U/W) h_j,               b = 1,   c = 1/U
     micro level: g = (U/W) h_mb / n_mb,       b = n_mb, c = n_mb/U
     rank  level: g = (U/W) grad_r / N_r,      b = N_r, c = N_r/U
 The GNS is updated from epoch 0 only (on-policy, one update per rollout batch, so EMA samples are distinct).
+
+Everything a step accumulates stays on the training device as 0-d float64 tensors; after_allreduce() and
+metrics() each move their values to the host once. Every entry point runs under a ProbeGuard (guard.py): an
+exception is counted and the step goes on; the collectives always run, with fixed-size payloads.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as tdist
@@ -35,12 +39,28 @@ from rl_training.probes import ess as E
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
+from rl_training.probes.guard import ProbeGuard
 
 LEVELS = ("unit", "micro", "rank")
+ESS_KINDS = ("tok_raw", "tok_used", "seq", "adv_seq", "adv_tok", "ppo")
+ESS_FIELDS = ("s1", "s2", "n", "bad")
+STEP_SUMS = ("k1", "k3", "rho2", "tok", "lr.sum", "lr.sq", "groups.n", "groups.zero", "len.sum")
 
 
-def _grad_sq_norm(params) -> float:
-    return sum(p.grad.detach().double().pow(2).sum().item() for p in params if p.grad is not None)
+def _grad_sq_norm(params) -> torch.Tensor:
+    """|grad|^2 over the trainable parameters, a 0-d float64 tensor on their device (no host sync)."""
+    return torch.stack([p.grad.detach().double().pow(2).sum() for p in params if p.grad is not None]).sum()
+
+
+def _to_host(t: torch.Tensor) -> list[float]:
+    """The probes' only device-to-host transfers: one in after_allreduce(), one in metrics() (a test swaps it
+    to run the tensor code on the meta device, where nothing can be read)."""
+    return t.tolist()
+
+
+def _vector(values, device: torch.device) -> torch.Tensor:
+    """One float64 vector on `device` from floats and 0-d tensors (no host round trip for the tensors)."""
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
 
 
 class StepProbes:
@@ -58,7 +78,7 @@ class StepProbes:
         step_time: tuple[float, float] = (0.0, 0.0),
     ):
         self.levels = [lv for lv in LEVELS if lv in levels]
-        self.params, self.device = params, device
+        self.params, self.device = params, torch.device(device)
         self.units, self.world = units_per_step, world_size
         self.multiple = world_size * micro_batch_groups
         self.tracker = GNSTracker(beta=ema_beta)
@@ -71,6 +91,10 @@ class StepProbes:
         self.hook_errors = 0
         self.invalid_streak = 0
         self.ess_history: deque[float] = deque(maxlen=50)  # recent mismatch ESS values for the drop alert
+        self.guard = ProbeGuard()
+        self.failures_total = 0.0  # probe/failures of the last step: all ranks, since the start of the run
+        self.q = math.nan
+        self._reset(0, [])
 
     def install_hooks(self) -> None:
         """Attach the capture hooks; idempotent (an existing set is removed first, never doubled)."""
@@ -86,37 +110,66 @@ class StepProbes:
         self.micro_cap = self.unit_cap = None
 
     # -------------------------------------------------------------------------------------- step
+    def _reset(self, group_size: int, completion_lengths: list[int]) -> None:
+        self.G = group_size
+        self.n_local = len(completion_lengths) // group_size if group_size else 0
+        self.lengths = completion_lengths
+        zero = _vector([0.0], self.device)[0]
+        self.sums = {k: zero for k in STEP_SUMS}  # device scalars, reduced over ranks in metrics()
+        self.seen_groups: set[int] = set()
+        # per level: sum of |g_k|^2 (device scalar), K, sum 1/b_k, sum c_k^2/b_k (host floats from counts)
+        self.small = {lv: {"s": zero, "k": 0.0, "ib": 0.0, "c2b": 0.0} for lv in self.levels}
+        self.kept_groups = self.block_groups = 0
+        self.broken: set[str] = set()
+        self.kish = {k: E.LogKish.empty(self.device) for k in ESS_KINDS if k != "seq"}
+        self.log_rho_all: list[torch.Tensor] = []
+        self.seq_log_w: list[torch.Tensor] = []
+
     def begin_step(self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int]) -> None:
         """`advantages` [n_seq] and `completion_lengths` [n_seq]: all of this rank's sequences, group by group,
         including the groups that zero-advantage dropping will skip."""
-        self.G = group_size
-        self.n_local = len(completion_lengths) // group_size
-        self.lengths = completion_lengths
-        zero = zero_adv_groups(advantages.detach().cpu(), group_size)
-        self.group_stats = {"groups.n": float(self.n_local), "groups.zero": float(zero.sum().item())}
-        self.group_stats["len.sum"] = float(sum(completion_lengths))
-        self.seen_groups: set[int] = set()
-        self.small: dict[str, list[tuple[float, float, float]]] = {lv: [] for lv in self.levels}  # (|g|^2,b,c)
-        self.kept_groups = self.block_groups = 0
-        self.broken: set[str] = set()
-        self.ess_tok_raw, self.ess_tok_used = E.KishSums(0, 0, 0), E.KishSums(0, 0, 0)
-        self.log_rho_all: list[torch.Tensor] = []
-        self.seq_log_w: list[torch.Tensor] = []
-        self.adv_seq, self.adv_tok = E.KishSums(0, 0, 0), (0.0, 0.0, 0.0)
-        self.ppo = E.KishSums(0, 0, 0)
-        self.mismatch = {"k1": 0.0, "k3": 0.0, "rho2": 0.0, "tok": 0.0}
+        self.guard.step_failed = False
+        with self.guard("begin_step"):
+            self._reset(group_size, completion_lengths)
+            zero = zero_adv_groups(advantages.detach().to(self.device), group_size)
+            self.sums["groups.n"] = float(self.n_local)
+            self.sums["groups.zero"] = zero.double().sum()
+            self.sums["len.sum"] = float(sum(completion_lengths))
+
+    def _add_small(self, level: str, s, k: float, inv_b: float, c2_over_b: float) -> None:
+        acc = self.small[level]
+        acc["s"], acc["k"] = acc["s"] + s, acc["k"] + k
+        acc["ib"], acc["c2b"] = acc["ib"] + inv_b, acc["c2b"] + c2_over_b
 
     @contextmanager
     def micro(self, mb):
+        """Arm the hooks around one micro-batch's forward + backward. Only the probes' own bookkeeping is
+        guarded: an exception from the training code inside the block propagates as it would without probes."""
+        armed = []
+        with self.guard("micro"):
+            if self.micro_cap:
+                self.micro_cap.arm()
+                armed.append(self.micro_cap)
+            if self.unit_cap:
+                self.unit_cap.arm(len(mb.group_ids))
+                armed.append(self.unit_cap)
+        try:
+            yield
+        finally:
+            for cap in armed:
+                cap.disarm()  # never raises; a hook's exception is kept in cap.error
+        with self.guard("micro"):
+            for cap in armed:
+                if cap.error is not None:
+                    self.broken.add("micro" if cap is self.micro_cap else "unit")
+                    raise cap.error
+            self._after_micro(mb)
+
+    def _after_micro(self, mb) -> None:
         n, n_block = len(mb.group_ids), mb.n_units  # kept groups; the block's groups incl. dropped ones
         self.kept_groups += n
         self.seen_groups.update(mb.group_ids)
         self.block_groups += n_block
-        with (
-            self.micro_cap.capture() if self.micro_cap else nullcontext(),
-            self.unit_cap.capture(n) if self.unit_cap else nullcontext(),
-        ):
-            yield
         scale = self.units / self.world
         # Pitfall P6: a hook count other than one per parameter (or LoRA module) means the captured norms are
         # not this micro-batch's gradient; that level's step is then skipped (counted in skipped_steps).
@@ -128,13 +181,17 @@ class StepProbes:
             self.broken.add("unit")
         if self.micro_cap:
             # dropped groups of the block are units with a zero gradient: they count in the block's mean
-            g2 = (scale / n_block) ** 2 * self.micro_cap.sq_norm.item()
-            self.small["micro"].append((g2, n_block, n_block / self.units))
+            g2 = (scale / n_block) ** 2 * self.micro_cap.sq_norm
+            self._add_small("micro", g2, 1.0, 1.0 / n_block, (n_block / self.units) ** 2 / n_block)
         if self.unit_cap:
-            for v in self.unit_cap.unit_sq_norms.tolist():
-                self.small["unit"].append((scale**2 * v, 1.0, 1.0 / self.units))
+            s = scale**2 * self.unit_cap.unit_sq_norms.sum()
+            self._add_small("unit", s, float(n), float(n), n / self.units**2)
 
     def before_allreduce(self) -> None:
+        with self.guard("before_allreduce"):
+            self._before_allreduce()
+
+    def _before_allreduce(self) -> None:
         # Groups skipped for a zero advantage are units with a zero gradient: at the unit level one zero small
         # batch each; at the micro level a block left empty is one zero small batch of the block's size (blocks
         # are fixed before dropping, see make_micro_batches). Their sequences and tokens count in the advantage
@@ -143,80 +200,230 @@ class StepProbes:
         skipped_tokens = sum(
             sum(self.lengths[g * self.G : (g + 1) * self.G]) for g in range(self.n_local) if g not in self.seen_groups
         )
-        self.adv_seq = self.adv_seq + E.KishSums(0.0, 0.0, float(skipped * self.G))
-        self.adv_tok = (self.adv_tok[0], self.adv_tok[1], self.adv_tok[2] + float(skipped_tokens))
+        empty = E.LogKish.empty(self.device)
+        self.kish["adv_seq"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
+        self.kish["adv_tok"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
         if "unit" in self.small:
-            self.small["unit"] += [(0.0, 1.0, 1.0 / self.units)] * skipped
+            self._add_small("unit", 0.0, float(skipped), float(skipped), skipped / self.units**2)
         if "micro" in self.small:
             block = self.multiple // self.world
             left = self.n_local - self.block_groups
             while left > 0:
                 b = min(block, left)
-                self.small["micro"].append((0.0, float(b), b / self.units))
+                self._add_small("micro", 0.0, 1.0, 1.0 / b, (b / self.units) ** 2 / b)
                 left -= b
         if "rank" in self.levels:
             g = (self.units / self.world) / self.n_local
-            self.small["rank"].append((g * g * _grad_sq_norm(self.params), self.n_local, self.n_local / self.units))
+            c = self.n_local / self.units
+            self._add_small("rank", g * g * _grad_sq_norm(self.params), 1.0, 1.0 / self.n_local, c * c / self.n_local)
 
     def after_allreduce(self) -> float:
         """Collective. Updates every level's GNS state from this step; returns Q = |G_B|^2 (pre-clip)."""
-        q = _grad_sq_norm(self.params)
-        flat = {}
-        for lv, rows in self.small.items():
-            flat[f"{lv}.s"] = sum(r[0] for r in rows)
-            flat[f"{lv}.k"] = float(len(rows))
-            flat[f"{lv}.ib"] = sum(1.0 / r[1] for r in rows)
-            flat[f"{lv}.c2b"] = sum(r[2] ** 2 / r[1] for r in rows)
-            flat[f"{lv}.broken"] = float(lv in self.broken)
-        tot = dist.reduce_sums(flat, self.device)
-        for lv in self.small:
-            # A non-finite norm (e.g. an inf gradient) or a hook miscount on any rank yields no estimate: the
-            # step is skipped and counted.
-            s_sum = tot[f"{lv}.s"] if tot[f"{lv}.broken"] == 0 else math.nan
-            self.tracker.update(lv, SmallBatchSums(s_sum, tot[f"{lv}.k"], tot[f"{lv}.ib"], tot[f"{lv}.c2b"]), q)
-        self.q = q
-        return q
+        keys = [(lv, f) for lv in self.levels for f in ("s", "k", "ib", "c2b", "broken")]
+        local, q = [math.nan] * len(keys), math.nan
+        with self.guard("after_allreduce"):
+            q = _grad_sq_norm(self.params)
+            acc = {(lv, f): v for lv in self.levels for f, v in self.small[lv].items()}
+            local = [float(lv in self.broken) if f == "broken" else acc[lv, f] for lv, f in keys]
+        failed = float(self.guard.step_failed)
+        tot = dist.all_reduce_(_vector([*local, failed], self.device))  # fixed size on every rank
+        host = _to_host(torch.cat([tot, _vector([q], self.device)]))
+        t, any_failed, self.q = dict(zip(keys, host, strict=False)), host[len(keys)] > 0, host[-1]
+        with self.guard("after_allreduce"):
+            for lv in self.levels:
+                # A non-finite norm (e.g. an inf gradient), a hook miscount or a probe failure on any rank
+                # yields no estimate: the step is skipped (and counted) on every rank alike.
+                bad = t[lv, "broken"] != 0 or any_failed
+                s_sum = math.nan if bad else t[lv, "s"]
+                self.tracker.update(lv, SmallBatchSums(s_sum, t[lv, "k"], t[lv, "ib"], t[lv, "c2b"]), self.q)
+        return self.q
 
     # -------------------------------------------------------------------------------------- ESS
     def observe_rollout(self, mb, old_logp: torch.Tensor, used_weights: torch.Tensor | None) -> None:
+        with self.guard("observe_rollout"):
+            self._observe_rollout(mb, old_logp, used_weights)
+
+    def _observe_rollout(self, mb, old_logp: torch.Tensor, used_weights: torch.Tensor | None) -> None:
         m = mb.mask.bool()
-        log_rho = old_logp.double() - mb.rollout_logp.double()
-        rho = torch.exp(log_rho)
-        self.ess_tok_raw = self.ess_tok_raw + E.kish_sums(rho, m)
-        used = used_weights if used_weights is not None else torch.ones_like(rho)
-        self.ess_tok_used = self.ess_tok_used + E.kish_sums(used, m)
-        lr = log_rho[m]
-        self.log_rho_all.append(lr)
-        self.mismatch["k1"] += (-lr).sum().item()  # KL(rollout || train) estimates, samples from the rollout
-        self.mismatch["k3"] += (torch.exp(lr) - 1 - lr).sum().item()
-        self.mismatch["rho2"] += torch.exp(2 * lr).sum().item()
-        self.mismatch["tok"] += float(lr.numel())
+        log_rho = old_logp.detach().double() - mb.rollout_logp.double()
+        self.kish["tok_raw"] += E.log_kish(log_rho, m)
+        used = E.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
+        self.kish["tok_used"] += E.log_kish(used, m)
+        # Valid tokens are selected with `where` (boolean indexing would sync the host on CUDA); pads are
+        # NaN for the quantile (nanquantile skips them) and 0 in the sums.
+        self.log_rho_all.append(torch.where(m, log_rho, math.nan).reshape(-1))
+        lr = torch.where(m, log_rho, 0.0)
+        # KL(rollout || train) estimates from samples of the rollout policy; a non-finite ratio gives a
+        # non-finite reading here (torch arithmetic never raises), while the ESS counts it as bad.
+        self.sums["k1"] = self.sums["k1"] + (-lr).sum()
+        self.sums["k3"] = self.sums["k3"] + (torch.exp(lr) - 1 - lr).sum()
+        self.sums["rho2"] = self.sums["rho2"] + torch.where(m, torch.exp(2 * lr), 0.0).sum()
+        self.sums["tok"] = self.sums["tok"] + m.double().sum()
+        self.sums["lr.sum"] = self.sums["lr.sum"] + lr.sum()
+        self.sums["lr.sq"] = self.sums["lr.sq"] + (lr * lr).sum()
         self.seq_log_w.append(E.sequence_log_weights(log_rho, mb.mask))
-        lengths = mb.mask.sum(-1)
-        self.adv_seq = self.adv_seq + E.kish_sums(mb.advantages.abs())
-        s1, s2, t = E.advantage_token_sums(mb.advantages, lengths)
-        self.adv_tok = (self.adv_tok[0] + s1, self.adv_tok[1] + s2, self.adv_tok[2] + t)
+        log_abs_adv = E.weight_log(mb.advantages.abs())
+        self.kish["adv_seq"] += E.log_kish(log_abs_adv)
+        self.kish["adv_tok"] += E.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
 
     def observe_ppo(self, mb, logp: torch.Tensor, old_logp: torch.Tensor) -> None:
-        self.ppo = self.ppo + E.kish_sums(torch.exp(logp.detach().double() - old_logp.double()), mb.mask)
+        with self.guard("observe_ppo"):
+            self.kish["ppo"] += E.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
 
     # -------------------------------------------------------------------------------------- output
     def metrics(self) -> dict[str, float]:
         """Collective: reduce the ESS sums and format every probe value for logging."""
-        out, t = self._ess_metrics()
+        # payload sizes fixed by the configuration, so every rank sends the same whatever failed
+        n_max, n_sum = len(ESS_KINDS) + 1, len(ESS_KINDS) * len(ESS_FIELDS) + len(STEP_SUMS) + 2
+        n_gather = self.units // self.world  # groups per rank
+        local_max, local_sums, gness, kish = [math.nan] * n_max, [math.nan] * n_sum, [math.nan] * n_gather, None
+        with self.guard("metrics"):
+            local_max, kish = self._local_maxima()
+        mx = dist.all_reduce_(_vector(local_max, self.device), "max")
+        if kish is not None:
+            with self.guard("metrics"):
+                local_sums = self._local_sums(kish, mx[: len(ESS_KINDS)])
+        local_sums[-2:] = [float(self.guard.step_failed), float(self.guard.failures)]
+        tot = dist.all_reduce_(_vector(local_sums, self.device))
+        with self.guard("metrics"):
+            gness = self._local_group_ness(n_gather)
+        gathered = _all_gather_cat(_vector(gness, self.device) if isinstance(gness, list) else gness)
+        host = _to_host(torch.cat([mx, tot, gathered]))
+        out: dict[str, float] = {}
+        with self.guard("metrics"):
+            out = self._format(host[:n_max], host[n_max : n_max + n_sum], host[n_max + n_sum :])
+        out["probe/failures"] = self.failures_total = host[n_max + n_sum - 1]  # all ranks, whole run
+        out["probe/step_failed"] = float(host[n_max + n_sum - 2] > 0 or self.guard.step_failed)
+        self.guard.step_failed = False
+        return out
+
+    def _local_maxima(self) -> tuple[list, dict[str, E.LogKish]]:
+        kish = dict(self.kish)
+        seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
+        kish["seq"] = E.log_kish(seq_lw.to(self.device))
+        all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
+        p999 = torch.nanquantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
+        return [*(kish[k].shift for k in ESS_KINDS), p999], kish
+
+    def _local_sums(self, kish: dict[str, E.LogKish], shifts: torch.Tensor) -> list:
+        """Each ESS's sums rescaled to the global max shift, then the step's plain sums; 2 slots for flags."""
+        out = []
+        for i, k in enumerate(ESS_KINDS):
+            r = kish[k].rescaled(shifts[i])
+            out += [r.s1, r.s2, r.n, r.bad]
+        return [*out, *(self.sums[k] for k in STEP_SUMS), 0.0, 0.0]
+
+    def _local_group_ness(self, n: int) -> torch.Tensor:
+        """Within-group ness of this rank's kept groups, padded with NaN to the fixed per-rank group count
+        (ranks keep different numbers of groups after zero-advantage dropping)."""
+        seq_lw = torch.cat(self.seq_log_w).to(self.device) if self.seq_log_w else None
+        g = E.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
+        g = g.to(self.device)
+        pad = torch.full((n - g.numel(),), math.nan, dtype=torch.float64, device=self.device)
+        return torch.cat([g, pad])
+
+    def _format(self, mx: list[float], tot: list[float], gathered: list[float]) -> dict[str, float]:
+        t = dict(zip([f"{k}.{f}" for k in ESS_KINDS for f in ESS_FIELDS] + list(STEP_SUMS), tot, strict=False))
+        ess = {k: E.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
+        groups = sorted(x for x in gathered if not math.isnan(x))
+        bad_tokens = t["tok_raw.bad"] + t["tok_used.bad"]
+        out = self._ess_format(ess, t, mx[-1], groups, bad_tokens)
         zero_adv_group_frac = t["groups.zero"] / max(t["groups.n"], 1.0)
         mean_group_tokens = t["len.sum"] / max(t["groups.n"], 1.0)
         out.update(self._gns_metrics(zero_adv_group_frac, mean_group_tokens))
         self.invalid_streak = 0 if out.get("probe/gns/valid", 0.0) else self.invalid_streak + 1
         out.update(alerts(out, self.invalid_streak, list(self.ess_history)))
-        if out["probe/ess/defined"]:  # a step with every group dropped has no token ESS: not a zero in the history
+        # a step with every group dropped has no token ESS, and a non-finite weight is a flag, not a
+        # measurement: neither enters the drop rule's history
+        if out["probe/ess/defined"] and not bad_tokens:
             self.ess_history.append(mismatch_ess(out))
+        return out
+
+    def _ess_format(self, ess: dict, t: dict, p999: float, groups: list[float], bad: float) -> dict[str, float]:
+        tok, tok_raw, sq, ppo = ess["tok_used"], ess["tok_raw"], ess["seq"], ess["ppo"]
+        n_tok = max(t["tok"], 1.0)
+        lr_mean = t["lr.sum"] / n_tok
+        return {
+            "probe/ess/token": tok.ness,
+            "probe/ess/token_raw": tok_raw.ness,
+            "probe/ess/seq": sq.ness,
+            "probe/ess/seq_abs": sq.ess,
+            "probe/ess/group_min": groups[0] if groups else math.nan,
+            "probe/ess/group_median": groups[(len(groups) - 1) // 2] if groups else math.nan,  # lower median
+            "probe/ess/ppo_token": ppo.ness if ppo.defined else 1.0,  # one epoch: the PPO ratio is exactly 1
+            "probe/ess/adv_seq": ess["adv_seq"].ness,
+            "probe/ess/adv_token": ess["adv_tok"].ness,
+            "probe/ess/defined": float(tok.defined and tok_raw.defined),
+            "probe/ess/nonfinite": bad,  # NaN or +inf token weights this step (a corrupted log-prob): ESS 0
+            "probe/ess/ref_warn": ESS_WARN,  # constant reference lines for the off-policy chart
+            "probe/ess/ref_critical": ESS_CRITICAL,
+            # is/ratio_mean, is/ratio_max and is/trunc_frac come with the trainer's rollout canary.
+            "is/log_ratio_mean": lr_mean,
+            "is/log_ratio_std": math.sqrt(max(t["lr.sq"] / n_tok - lr_mean**2, 0.0)),
+            "is/ratio_p99_9": p999,  # max over ranks of each rank's 99.9th percentile
+            "is/kl_k1": t["k1"] / n_tok,
+            "is/kl_k3": t["k3"] / n_tok,
+            "is/chi2_token": t["rho2"] / n_tok - 1.0,
+            "is/chi2_seq": (1.0 / sq.ness - 1.0) if sq.defined and sq.ness > 0 else math.nan,
+        }
+
+    def _gns_metrics(self, p0: float, mean_group_tokens: float) -> dict[str, float]:
+        out: dict[str, float] = {"probe/gns/degenerate_group_frac": p0, "probe/gns/hook_errors": self.hook_errors}
+        B = float(self.units)
+        primary = next((lv for lv in LEVELS if lv in self.tracker.levels), None)
+        for lv, st in self.tracker.levels.items():
+            out[f"probe/gns/trace_sigma_est@{lv}"] = st.trace_sigma
+            out[f"probe/gns/grad_sq_norm_est@{lv}"] = st.grad_sq_norm
+            out[f"probe/gns/b_simple@{lv}"] = st.b_simple
+        if primary is None:
+            return out
+        st, raw = self.tracker.levels[primary], self.tracker.last.get(primary)
+        bs, (lo, hi) = st.b_simple, st.band
+        bounds = (self.units, self.multiple, self.multiple, 16 * self.units)
+        bstar = b_star(bs, *self.step_time) if st.valid else float("nan")
+        star_band = (b_star(lo, *self.step_time), b_star(hi, *self.step_time))  # B* is monotone in B_simple
+        rec = self.rec_simple(recommend_batch(st, *bounds).batch)
+        rec_star = self.rec_star(recommend_batch(st, *bounds, target_band=star_band).batch)
+        out.update(
+            {
+                "probe/gns/b_simple": bs,
+                "probe/gns/b_simple_seq": bs * self.G,
+                "probe/gns/b_simple_tokens": bs * mean_group_tokens,
+                # Fieller band at +-2 SE (docs/probes.md 1.6): NaN in the warm-up, hi = inf while |G|^2 is
+                # not significantly above 0
+                "probe/gns/b_simple_lo": lo,
+                "probe/gns/b_simple_hi": hi,
+                "probe/gns/trusted": float(st.trusted),  # the recommendation's gate
+                "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
+                "probe/gns/zone_hi": bs * 2,
+                "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
+                "probe/gns/trace_sigma_est": st.trace_sigma,
+                "probe/gns/grad_sq_norm_raw": raw.grad_sq_norm if raw else float("nan"),
+                "probe/gns/trace_sigma_raw": raw.trace_sigma if raw else float("nan"),
+                "probe/gns/small_sq_norm_mean": raw.s_bar if raw else float("nan"),
+                "probe/gns/big_sq_norm": self.q,
+                "probe/gns/n_small": raw.k if raw else 0.0,
+                "probe/gns/a": raw.a if raw else float("nan"),
+                "probe/gns/beta": raw.beta if raw else float("nan"),
+                "probe/gns/batch_units": B,
+                "probe/gns/b_simple_rel_se": st.b_simple_rel_se,
+                "probe/gns/n_eff": st.n_eff,
+                "probe/gns/valid": float(st.valid),
+                "probe/gns/skipped_steps": float(st.skipped),
+                "probe/gns/batch_ratio": B / bs if st.valid and bs > 0 else float("nan"),
+                "probe/gns/step_efficiency": B / (B + bs) if st.valid else float("nan"),
+                "probe/gns/sample_efficiency": bs / (B + bs) if st.valid else float("nan"),
+                "probe/gns/recommended_batch": rec,  # kappa * B_simple (kappa = 1)
+                "probe/gns/b_star": bstar,  # goodput-optimal batch; NaN unless probe.step_time_* are set
+                "probe/gns/recommended_batch_star": rec_star,
+            }
+        )
         return out
 
     # -------------------------------------------------------------------------------------- resume
     def state_dict(self) -> dict:
         """Everything later steps' outputs depend on (JSON-safe): the GNS EMAs, the recommendations'
-        hysteresis, the ESS drop-rule history and the invalid-step streak."""
+        hysteresis, the ESS drop-rule history, the invalid-step streak and the failure count."""
         return {
             "gns": self.tracker.state_dict(),
             "rec_simple": {"value": self.rec_simple.value, "since": self.rec_simple.since},
@@ -224,6 +431,7 @@ class StepProbes:
             "ess_history": list(self.ess_history),
             "invalid_streak": self.invalid_streak,
             "hook_errors": self.hook_errors,
+            "failures": self.failures_total,  # over all ranks: restored on rank 0 only
         }
 
     def load_state_dict(self, d: dict) -> None:
@@ -244,127 +452,14 @@ class StepProbes:
         self.ess_history.clear()
         self.ess_history.extend(d["ess_history"])
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
-
-    def _ess_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
-        seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
-        all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
-        local_max = seq_lw.max().item() if seq_lw.numel() else -math.inf
-        p999 = torch.quantile(all_lr.exp(), 0.999).item() if all_lr.numel() else 0.0
-        mx = dist.reduce_max({"lw": local_max, "p999": p999}, self.device)
-        seq = E.log_domain_sums(seq_lw, mx["lw"]) if seq_lw.numel() else E.KishSums(0, 0, 0)
-        gness = E.group_ness(seq_lw, self.G) if seq_lw.numel() else torch.zeros(0, dtype=torch.float64)
-        sums = {}
-        for name, s in (
-            ("tok_raw", self.ess_tok_raw),
-            ("tok_used", self.ess_tok_used),
-            ("seq", seq),
-            ("adv_seq", self.adv_seq),
-            ("ppo", self.ppo),
-        ):
-            sums.update({f"{name}.w": s.sum_w, f"{name}.w2": s.sum_w2, f"{name}.n": s.n})
-        sums.update(
-            {
-                "adv_tok.1": self.adv_tok[0],
-                "adv_tok.2": self.adv_tok[1],
-                "adv_tok.t": self.adv_tok[2],
-                "lr.sum": all_lr.sum().item(),
-                "lr.sq": (all_lr**2).sum().item(),
-                **self.mismatch,
-                **self.group_stats,
-            }
-        )
-        t = dist.reduce_sums(sums, self.device)
-        # Ranks can keep different numbers of groups (zero-advantage dropping): pad to the same length with NaN.
-        pad = torch.full((self.n_local - gness.numel(),), math.nan, dtype=torch.float64)
-        gather = _all_gather_cat(torch.cat([gness.double(), pad]), self.device)
-        gather = gather[~torch.isnan(gather)]
-
-        def k(name):
-            return E.kish(E.KishSums(t[f"{name}.w"], t[f"{name}.w2"], t[f"{name}.n"]))
-
-        tok, tok_raw, sq, adv, ppo = k("tok_used"), k("tok_raw"), k("seq"), k("adv_seq"), k("ppo")
-        n_tok = max(t["tok"], 1.0)
-        lr_mean = t["lr.sum"] / n_tok
-        out = {
-            "probe/ess/token": tok.ness,
-            "probe/ess/token_raw": tok_raw.ness,
-            "probe/ess/seq": sq.ness,
-            "probe/ess/seq_abs": sq.ess,
-            "probe/ess/group_min": gather.min().item() if gather.numel() else float("nan"),
-            "probe/ess/group_median": gather.median().item() if gather.numel() else float("nan"),
-            "probe/ess/ppo_token": ppo.ness if ppo.defined else 1.0,  # one epoch: the PPO ratio is exactly 1
-            "probe/ess/adv_seq": adv.ness,
-            "probe/ess/adv_token": E.adv_token_ness(t["adv_tok.1"], t["adv_tok.2"], t["adv_tok.t"]),
-            "probe/ess/defined": float(tok.defined and tok_raw.defined),
-            "probe/ess/ref_warn": ESS_WARN,  # constant reference lines for the off-policy chart
-            "probe/ess/ref_critical": ESS_CRITICAL,
-            # is/ratio_mean, is/ratio_max and is/trunc_frac come with the trainer's rollout canary.
-            "is/log_ratio_mean": lr_mean,
-            "is/log_ratio_std": math.sqrt(max(t["lr.sq"] / n_tok - lr_mean**2, 0.0)),
-            "is/ratio_p99_9": mx["p999"],  # max over ranks of each rank's 99.9th percentile
-            "is/kl_k1": t["k1"] / n_tok,
-            "is/kl_k3": t["k3"] / n_tok,
-            "is/chi2_token": t["rho2"] / n_tok - 1.0,
-            "is/chi2_seq": (1.0 / sq.ness - 1.0) if sq.defined and sq.ness > 0 else float("nan"),
-        }
-        return out, t
-
-    def _gns_metrics(self, p0: float, mean_group_tokens: float) -> dict[str, float]:
-        out: dict[str, float] = {"probe/gns/degenerate_group_frac": p0, "probe/gns/hook_errors": self.hook_errors}
-        B = float(self.units)
-        primary = next((lv for lv in LEVELS if lv in self.tracker.levels), None)
-        for lv, st in self.tracker.levels.items():
-            out[f"probe/gns/trace_sigma_est@{lv}"] = st.trace_sigma
-            out[f"probe/gns/grad_sq_norm_est@{lv}"] = st.grad_sq_norm
-            out[f"probe/gns/b_simple@{lv}"] = st.b_simple
-        if primary is None:
-            return out
-        st, raw = self.tracker.levels[primary], self.tracker.last.get(primary)
-        bs, se = st.b_simple, st.b_simple_rel_se
-        bounds = (self.units, self.multiple, self.multiple, 16 * self.units)
-        bstar = b_star(bs, *self.step_time) if st.valid else float("nan")
-        rec = self.rec_simple(recommend_batch(st, *bounds).batch)
-        rec_star = self.rec_star(recommend_batch(st, *bounds, target=bstar).batch)
-        out.update(
-            {
-                "probe/gns/b_simple": bs,
-                "probe/gns/b_simple_seq": bs * self.G,
-                "probe/gns/b_simple_tokens": bs * mean_group_tokens,
-                # +-2 SE band in log space (positive, symmetric on the log axis; ~ bs(1 +- 2se) for small se)
-                "probe/gns/b_simple_lo": bs * math.exp(-2 * se),
-                "probe/gns/b_simple_hi": bs * math.exp(2 * se),
-                "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
-                "probe/gns/zone_hi": bs * 2,
-                "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
-                "probe/gns/trace_sigma_est": st.trace_sigma,
-                "probe/gns/grad_sq_norm_raw": raw.grad_sq_norm if raw else float("nan"),
-                "probe/gns/trace_sigma_raw": raw.trace_sigma if raw else float("nan"),
-                "probe/gns/small_sq_norm_mean": raw.s_bar if raw else float("nan"),
-                "probe/gns/big_sq_norm": self.q,
-                "probe/gns/n_small": raw.k if raw else 0.0,
-                "probe/gns/a": raw.a if raw else float("nan"),
-                "probe/gns/beta": raw.beta if raw else float("nan"),
-                "probe/gns/batch_units": B,
-                "probe/gns/b_simple_rel_se": se,
-                "probe/gns/n_eff": st.n_eff,
-                "probe/gns/valid": float(st.valid),
-                "probe/gns/skipped_steps": float(st.skipped),
-                "probe/gns/batch_ratio": B / bs if st.valid and bs > 0 else float("nan"),
-                "probe/gns/step_efficiency": B / (B + bs) if st.valid else float("nan"),
-                "probe/gns/sample_efficiency": bs / (B + bs) if st.valid else float("nan"),
-                "probe/gns/recommended_batch": rec,  # kappa * B_simple (kappa = 1)
-                "probe/gns/b_star": bstar,  # goodput-optimal batch; NaN unless probe.step_time_* are set
-                "probe/gns/recommended_batch_star": rec_star,
-            }
-        )
-        return out
+        rank0 = not dist.is_dist() or tdist.get_rank() == 0
+        self.guard.failures = int(d.get("failures", 0)) if rank0 else 0
 
 
-def _all_gather_cat(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Concatenate equal-length 1-D tensors from every rank (each rank has the same number of groups)."""
+def _all_gather_cat(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-length 1-D tensors from every rank, on x's device."""
     if not dist.is_dist():
         return x
-    x = x.to(device)
     out = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
     tdist.all_gather(out, x)
-    return torch.cat(out).cpu()
+    return torch.cat(out)
