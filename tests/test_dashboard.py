@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,20 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
     charted = {t for cat in LAYOUT.values() for _, tags in cat.values() for t in tags}
     missing = {t for t in charted - scalars if not t.endswith("@rank")}  # one rank: no rank level
     assert not missing, missing
+    # Every chart, as TensorBoard reads it back, selects exactly its intended tags among all the run's scalars
+    # (TensorBoard treats each Multiline entry as a regex: unanchored, 'probe/gns/b_simple' drew 13 series),
+    # and holds at most 3 series (one run's series differ only by marker, not colour).
+    for cat in layout.category:
+        for chart in cat.chart:
+            kind = chart.WhichOneof("content")
+            intended = LAYOUT[cat.title][chart.title][1]
+            if kind == "multiline":
+                drawn = {t for t in scalars if any(re.search(rx, t) for rx in chart.multiline.tag)}
+                assert drawn == set(intended) & scalars, (chart.title, drawn)
+            else:
+                s0 = chart.margin.series[0]
+                assert [s0.value, s0.lower, s0.upper] == intended
+            assert len(intended) <= 3, chart.title
     assert len(acc.Scalars("probe/gns/trace_sigma_est@micro")) == 3
     # B* = sqrt(B_simple t_f / t_u) = sqrt(10 B_simple) wherever B_simple is defined
     for bs, star in zip(acc.Scalars("probe/gns/b_simple"), acc.Scalars("probe/gns/b_star"), strict=True):

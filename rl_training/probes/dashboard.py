@@ -12,36 +12,36 @@ while the SE is below 0.15.
 from __future__ import annotations
 
 import math
+import re
 
+# TensorBoard's Custom Scalars tab colours by run, not by series: the series of one chart are told apart only by
+# their marker (circle, square, triangle, ...), and every Multiline entry is a regex. So each chart holds at most
+# three series that share a scale, and custom_scalar_layout() anchors every tag (an unanchored
+# 'probe/gns/b_simple' also matched _lo, _hi, _rel_se and the three @level tags: 13 series in one colour).
 LAYOUT = {
     "1 GNS: batch vs noise scale": {
         "B_simple with +-2 SE band (prompt groups)": [
             "Margin",
             ["probe/gns/b_simple", "probe/gns/b_simple_lo", "probe/gns/b_simple_hi"],
         ],
-        "batch, B_simple, recommended; efficient zone [B_s/2, 2 B_s]": [
+        "B_simple and its efficient zone [B_s/2, 2 B_s]": [
+            "Margin",
+            ["probe/gns/b_simple", "probe/gns/zone_lo", "probe/gns/zone_hi"],
+        ],
+        "batch, recommended batch, goodput-optimal B*": [
             "Multiline",
-            [
-                "probe/gns/batch_units",
-                "probe/gns/b_simple",
-                "probe/gns/recommended_batch",
-                "probe/gns/b_star",
-                "probe/gns/zone_lo",
-                "probe/gns/zone_hi",
-            ],
+            ["probe/gns/batch_units", "probe/gns/recommended_batch", "probe/gns/b_star"],
         ],
     },
     "2 GNS: |G|^2 and tr(Sigma)": {
         "|G|^2 (EMA, raw)": ["Multiline", ["probe/gns/grad_sq_norm_est", "probe/gns/grad_sq_norm_raw"]],
         "tr(Sigma) per group (EMA, raw)": ["Multiline", ["probe/gns/trace_sigma_est", "probe/gns/trace_sigma_raw"]],
     },
-    "3 GNS: efficiency": {
+    "3 GNS: efficiency and trust": {
         "step and sample efficiency": ["Multiline", ["probe/gns/step_efficiency", "probe/gns/sample_efficiency"]],
         "B / B_simple": ["Multiline", ["probe/gns/batch_ratio"]],
-        "trust: valid, rel SE, N_eff": [
-            "Multiline",
-            ["probe/gns/valid", "probe/gns/b_simple_rel_se", "probe/gns/n_eff"],
-        ],
+        "valid (0/1) and relative SE of B_simple": ["Multiline", ["probe/gns/valid", "probe/gns/b_simple_rel_se"]],
+        "effective steps in the EMA (N_eff)": ["Multiline", ["probe/gns/n_eff"]],
     },
     "4 GNS: consistency across levels": {
         "tr(Sigma) at unit / micro / rank": [
@@ -54,37 +54,44 @@ LAYOUT = {
         ],
     },
     "5 Off-policy health": {
-        "ESS: token (used, raw), sequence; warn 0.95, critical 0.8": [
+        "token ESS: weights used, raw ratios (warn < 0.95, critical < 0.8)": [
             "Multiline",
-            [
-                "probe/ess/token",
-                "probe/ess/token_raw",
-                "probe/ess/seq",
-                "probe/ess/ppo_token",
-                "probe/ess/ref_warn",
-                "probe/ess/ref_critical",
-            ],
+            ["probe/ess/token", "probe/ess/token_raw"],
         ],
+        "sequence ESS, PPO-ratio ESS": ["Multiline", ["probe/ess/seq", "probe/ess/ppo_token"]],
         "IS ratio max, p99.9, mean": ["Multiline", ["is/ratio_max", "is/ratio_p99_9", "is/ratio_mean"]],
         "TIS truncated fraction": ["Multiline", ["is/trunc_frac"]],
         "mismatch KL (k1, k3) and chi2": ["Multiline", ["is/kl_k1", "is/kl_k3", "is/chi2_token"]],
-        "trainer vs rollout log-prob gap": ["Multiline", ["rollout/logp_diff_mean", "rollout/logp_diff_max"]],
+        "trainer vs rollout log-prob gap (mean, max)": [
+            "Multiline",
+            ["rollout/logp_diff_mean", "rollout/logp_diff_max"],
+        ],
     },
     "6 Signal concentration": {
-        "advantage ESS, degenerate groups": [
-            "Multiline",
-            ["probe/ess/adv_seq", "probe/ess/adv_token", "probe/gns/degenerate_group_frac"],
-        ],
+        "advantage ESS (sequence, token)": ["Multiline", ["probe/ess/adv_seq", "probe/ess/adv_token"]],
+        "degenerate (zero-advantage) groups": ["Multiline", ["probe/gns/degenerate_group_frac"]],
         "PPO clip fraction": ["Multiline", ["train/clip_frac"]],
-        "response length": ["Multiline", ["rollout/response_len_mean", "rollout/response_len_max"]],
+        "response length (mean, max)": ["Multiline", ["rollout/response_len_mean", "rollout/response_len_max"]],
     },
-    "7 Alerts": {
-        "alerts (0 = ok)": [
+    "7 Alerts (0 = ok)": {
+        "token ESS (1 warn, 2 critical); batch (-1 noisy, +1 wasteful)": [
             "Multiline",
-            ["probe/alert/ess_token", "probe/alert/batch", "probe/alert/gns_invalid", "probe/alert/levels_disagree"],
-        ]
+            ["probe/alert/ess_token", "probe/alert/batch"],
+        ],
+        "GNS invalid; levels disagree": ["Multiline", ["probe/alert/gns_invalid", "probe/alert/levels_disagree"]],
     },
 }
+
+
+def custom_scalar_layout(layout: dict = LAYOUT) -> dict:
+    """The layout as TensorBoard takes it: Multiline tags become anchored, escaped regexes (Margin takes tags)."""
+    return {
+        category: {
+            title: [kind, [f"^{re.escape(t)}$" for t in tags] if kind == "Multiline" else list(tags)]
+            for title, (kind, tags) in charts.items()
+        }
+        for category, charts in layout.items()
+    }
 
 
 ESS_WARN, ESS_CRITICAL = 0.95, 0.8

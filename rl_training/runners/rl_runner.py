@@ -34,7 +34,7 @@ from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
-from rl_training.probes.dashboard import LAYOUT as PROBE_LAYOUT
+from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import StepProbes
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
@@ -149,7 +149,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         )
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
-    logger.custom_scalars(PROBE_LAYOUT)
+    logger.custom_scalars(probe_tb_layout())
     hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
     code.use_config(cfg)
