@@ -181,8 +181,6 @@ class DeviceStats:
     asynchronous kernel, and `to_stats` copies everything to the host once per step (one sync, not several
     `.item()` calls per micro-batch)."""
 
-    MAXES = ("logp_absdiff_max", "is_ratio_max")
-
     def __init__(self, device: torch.device, epochs: int):
         names = [f.name for f in dataclasses.fields(TrainStats) if f.name != "epochs"]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
@@ -261,62 +259,61 @@ def train_on_rollouts(
 ) -> TrainStats:
     """One rollout batch: `inner_epochs` optimizer steps. `probes` (a StepProbes or None) reads the small
     gradients and importance weights of epoch 0 and the PPO ratios of the last epoch; it never edits `.grad`."""
+    with checkpointing_without_dropout(model):
+        return _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes)
+
+
+def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes) -> TrainStats:
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
-    with checkpointing_without_dropout(model):
-        ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
-        s = DeviceStats(params[0].device, hp.inner_epochs)
-        for epoch in range(hp.inner_epochs):
-            optimizer.zero_grad(set_to_none=True)
-            _one_epoch(model, micro_batches, hp, norm, probes, epoch, ref_logps, old_logps, is_weights, s)
-            for p in params:  # a rank whose groups were all dropped still joins the all-reduce
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+    ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
+    s = DeviceStats(params[0].device, hp.inner_epochs)
+    for epoch in range(hp.inner_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        for i, mb in enumerate(micro_batches):
+            with probes.micro(mb) if probes is not None and epoch == 0 else nullcontext():
+                logits = forward_logits(model, mb)
+                logp = token_logprobs(logits, mb.targets, hp.temperature)
+                if epoch == 0:
+                    old_logps.append(logp.detach())
+                    is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
+                    s.add("entropy_sum", (token_entropy(logits.detach(), hp.temperature) * mb.mask).sum())
+                del logits  # else they would outlive backward, into the next micro-batch's forward
+                out = policy_loss(
+                    hp.objective,
+                    logp,
+                    old_logps[i],
+                    mb.advantages,
+                    mb.mask,
+                    norm,
+                    hp.clip_low,
+                    hp.clip_high,
+                    ref_logps[i],
+                    hp.kl_coef,
+                    hp.kl_estimator,
+                    is_weights[i],
+                )
+                out.loss.backward()
             if probes is not None and epoch == 0:
-                probes.before_allreduce()
-            dist.average_gradients_(params)
-            if probes is not None and epoch == 0:
-                probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
-            max_norm = hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf")
-            s.add("grad_norm", torch.nn.utils.clip_grad_norm_(params, max_norm).double() / hp.inner_epochs)
-            optimizer.step()
-            scheduler.step()
-    return s.to_stats()
-
-
-def _one_epoch(model, micro_batches, hp, norm, probes, epoch, ref_logps, old_logps, is_weights, s: DeviceStats):
-    """Forward + backward of every micro-batch (gradients accumulate); epoch 0 records the old log-probs."""
-    for i, mb in enumerate(micro_batches):
-        with probes.micro(mb) if probes is not None and epoch == 0 else nullcontext():
-            logits = forward_logits(model, mb)
-            logp = token_logprobs(logits, mb.targets, hp.temperature)
+                probes.observe_rollout(mb, old_logps[i], is_weights[i])
+            if probes is not None and epoch == hp.inner_epochs - 1 and epoch > 0:
+                probes.observe_ppo(mb, logp, old_logps[i])
+            s.add("loss", out.loss)
+            s.add("pg_loss", out.pg_loss)
+            s.add("clipped_tokens", out.clipped_tokens)
             if epoch == 0:
-                old_logps.append(logp.detach())
-                is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
-                s.add("entropy_sum", (token_entropy(logits.detach(), hp.temperature) * mb.mask).sum())
-            del logits  # autograd keeps what the backward needs; the local name would outlive it
-            out = policy_loss(
-                hp.objective,
-                logp,
-                old_logps[i],
-                mb.advantages,
-                mb.mask,
-                norm,
-                hp.clip_low,
-                hp.clip_high,
-                ref_logps[i],
-                hp.kl_coef,
-                hp.kl_estimator,
-                is_weights[i],
-            )
-            out.loss.backward()
+                s.add("kl_sum", out.kl_sum)
+                s.add("tokens", out.tokens)
+        for p in params:  # a rank whose groups were all dropped still joins the all-reduce
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if probes is not None and epoch == 0:
-            probes.observe_rollout(mb, old_logps[i], is_weights[i])
-        if probes is not None and epoch == hp.inner_epochs - 1 and epoch > 0:
-            probes.observe_ppo(mb, logp, old_logps[i])
-        s.add("loss", out.loss)
-        s.add("pg_loss", out.pg_loss)
-        s.add("clipped_tokens", out.clipped_tokens)
-        if epoch == 0:
-            s.add("kl_sum", out.kl_sum)
-            s.add("tokens", out.tokens)
+            probes.before_allreduce()
+        dist.average_gradients_(params)
+        if probes is not None and epoch == 0:
+            probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
+        s.add("grad_norm", grad_norm / hp.inner_epochs)
+        optimizer.step()
+        scheduler.step()
+    return s.to_stats()

@@ -144,21 +144,16 @@ def test_truncated_importance_sampling_is_logged(run_overrides, tmp_path):
     assert m["is/ratio_max"] < 1.001
 
 
+def torchrun2(script: Path, *args: str) -> list[str]:
+    """A 2-rank torchrun command line for `script` with the vLLM test config and `args`."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)]
+    return [*head, "--cfg", TESTCFG, *args, *VLLM]
+
+
 def test_two_rank_torchrun_with_vllm(run_overrides, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--standalone",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
-        "--cfg",
-        TESTCFG,
-        *run_overrides,
-        *VLLM,
-        "train.total_steps=3",
-        "ckpt.every=0",
-    ]
+    cmd = torchrun2(
+        REPO / "rl_training" / "runners" / "rl_runner.py", *run_overrides, "train.total_steps=3", "ckpt.every=0"
+    )
     r = subprocess.run(
         cmd, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900
     )
@@ -179,21 +174,7 @@ def test_final_barrier_holds_every_rank_until_rank0_finished_uploading(run_overr
     # with the barrier after backend.close(), rank 1 left ~4 s before rank 0's slow final upload was done.
     from tests.barrier_worker import FINISH_S
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--standalone",
-        str(REPO / "tests" / "barrier_worker.py"),
-        "--cfg",
-        TESTCFG,
-        *run_overrides,
-        *VLLM,
-        "train.total_steps=1",
-        "eval.every=0",
-        "probe.enabled=false",
-    ]
+    cmd = torchrun2(REPO / "tests" / "barrier_worker.py", *run_overrides, "train.total_steps=1", "eval.every=0")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "BARRIER_OUT": str(tmp_path), "PYTHONPATH": str(REPO)}
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
