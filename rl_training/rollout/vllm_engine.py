@@ -66,16 +66,13 @@ def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | Non
     return [(base + k) % 2**SEED_BITS for k in range(n_prompts * n)]
 
 
-def engine_pool_bytes() -> dict[str, int]:
-    """Bytes of vLLM's sleep-mode memory pool per tag (weights, kv_cache, runtime, cudagraph), mapped or not:
-    what a sleep unmaps and a wake maps back, counted from the allocator, so the figures are exact and never
-    negative (free-memory differences also see the trainer's allocations and PyTorch's cache). CUDA only."""
+def engine_mapped_bytes() -> int:
+    """Bytes of vLLM's sleep-mode memory pool now mapped on the GPU, from the allocator's own records: a
+    sleep only unmaps and a wake only maps, so their differences are exact and never negative (free-memory
+    differences also see the trainer's allocations and PyTorch's cache). CUDA only."""
     from vllm.device_allocator.cumem import CuMemAllocator
 
-    out: dict[str, int] = {}
-    for data in CuMemAllocator.get_instance().pointer_to_data.values():
-        out[data.tag] = out.get(data.tag, 0) + data.handle[1]
-    return out
+    return sum(d.handle[1] for d in CuMemAllocator.get_instance().pointer_to_data.values() if not d.is_asleep)
 
 
 class VLLMBackend:
@@ -186,28 +183,24 @@ class VLLMBackend:
             return
         self.asleep_tags = {"weights", "kv_cache"}
         if self.sleep_enabled:
-            pool = self.pool_bytes()
+            before = self.mapped_bytes()
             self.llm.sleep(level=self.sleep_level)
-            # Every tag is unmapped at any level; level 1 also copies the weights to host memory.
-            self.mem["mem/vllm_sleep_freed_gb"] = sum(pool.values()) / 2**30
+            self.mem["mem/vllm_sleep_freed_gb"] = (before - self.mapped_bytes()) / 2**30
 
     def wake(self, tags: list[str] | None = None) -> None:
-        """Map back the sleeping parts among `tags` (None: all). vLLM maps its runtime and CUDA-graph pools
-        with whichever tag wakes first."""
+        """Map back the sleeping parts among `tags` (None: all); vLLM maps its runtime and CUDA-graph pools
+        with whichever wakes first."""
         todo = self.asleep_tags & set(tags or ("weights", "kv_cache"))
         if not todo:
             return
         if self.sleep_enabled:
-            pool = self.pool_bytes()
+            before = self.mapped_bytes()
             self.llm.wake_up(tags=sorted(todo))
-            mapped = sum(pool.get(t, 0) for t in todo)
-            if self.asleep_tags == {"weights", "kv_cache"}:  # the first wake maps the always-kept pools too
-                mapped += pool.get("runtime", 0) + pool.get("cudagraph", 0)
-            self.mem["mem/vllm_wake_" + "_".join(sorted(todo)) + "_gb"] = mapped / 2**30
+            self.mem["mem/vllm_wake_" + "_".join(sorted(todo)) + "_gb"] = (self.mapped_bytes() - before) / 2**30
         self.asleep_tags -= todo
 
-    def pool_bytes(self) -> dict[str, int]:
-        return engine_pool_bytes()
+    def mapped_bytes(self) -> int:
+        return engine_mapped_bytes()
 
     def metrics(self) -> dict[str, float]:
         return {**self.mem, "rollout/weight_version": float(self.weight_version)}
