@@ -18,9 +18,10 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
     ap.add_argument("--cfg", required=True, help="YAML config (see cfg/)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.total_steps=10")
     args = ap.parse_args(argv)
-    info = dist.init_distributed()
     try:
-        status = body(load_config(args.cfg, args.overrides), info)
+        cfg = load_config(args.cfg, args.overrides)
+        info = dist.init_distributed(cfg.run.dist_timeout_s)  # the process group's timeout is a config value
+        status = body(cfg, info)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -47,6 +47,12 @@ class RunCfg:
     name: str = _f("default", "Run name; the run directory is output_dir/name.")
     tensorboard: bool = _f(True, "Write TensorBoard event files under run_dir/tb.")
     progress_bar: bool = _f(True, "Show a tqdm progress bar with ETA on rank 0.")
+    dist_timeout_s: float = _f(
+        1800.0,
+        "How long a collective (NCCL on GPU, gloo on CPU) waits for the other ranks before the run fails; more "
+        "than sync.final_timeout_s, which the final barrier may wait for rank 0's uploads.",
+        gt=0,
+    )
     stop_signal: Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "none"] = _f(
         "SIGUSR1",
         "On this signal every rank checkpoints at the next step and exits with status 75 (SLURM's time-limit "
@@ -162,7 +168,14 @@ class VllmCfg:
         ge=0,
     )
     enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
-    sleep: bool = _f(True, "Sleep (level 1) while the trainer runs, on CUDA; the engine stays awake on CPU.")
+    sleep: bool = _f(True, "Sleep while the trainer runs, on CUDA; the engine stays awake on CPU.")
+    sleep_level: int = _f(
+        2,
+        "vLLM sleep level: 2 discards the weights (the sync after each update rewrites them all), 1 backs them "
+        "up to host memory first (a host copy out and back per step).",
+        ge=1,
+        le=2,
+    )
 
 
 @dataclass
@@ -614,6 +627,12 @@ def load_config(
     bad_url = [u for u in cfg.server.urls if not re.fullmatch(r"https?://[^/\s]+/?", u)]
     if bad_url:
         raise ConfigError(f"{where}server.urls: {bad_url[0]!r} is not a base URL like 'http://host:8000'")
+    if training and cfg.run.dist_timeout_s <= cfg.sync.final_timeout_s:
+        raise ConfigError(
+            f"{where}run.dist_timeout_s={cfg.run.dist_timeout_s:g} <= sync.final_timeout_s="
+            f"{cfg.sync.final_timeout_s:g}: the other ranks wait at the final barrier while rank 0 uploads, and "
+            "their collective would time out first; raise run.dist_timeout_s"
+        )
     bad_k = [k for k in cfg.eval.ks if not 1 <= k <= cfg.eval.num_samples]
     if bad_k:
         raise ConfigError(

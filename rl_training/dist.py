@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,21 +29,66 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Read RANK/WORLD_SIZE/LOCAL_RANK set by torchrun; create the process group when world > 1."""
+def init_distributed(timeout_s: float | None = None) -> DistInfo:
+    """Read RANK/WORLD_SIZE/LOCAL_RANK set by torchrun; bind this worker to its GPU's NUMA node; create the
+    process group when world > 1, with collectives timing out after `timeout_s` (run.dist_timeout_s; None:
+    torch's default, 10 min for NCCL, 30 for gloo)."""
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
+        if os.environ.get("RL_NUMA_BIND", "1") != "0":
+            cpus = bind_to_numa_node(gpu_pci_address(local_rank))
+            if cpus and rank == 0:
+                print(f"numa: rank 0 bound to the {len(cpus)} CPUs of GPU {local_rank}'s NUMA node", flush=True)
     else:
         device = torch.device("cpu")
     global _OWN_GROUP
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **timeout)
         _OWN_GROUP = True
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def gpu_pci_address(index: int) -> str:
+    """The sysfs PCI address ('0009:01:00.0') of CUDA device `index`."""
+    p = torch.cuda.get_device_properties(index)
+    return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+
+
+def numa_node_cpus(pci_address: str, sysfs: Path = Path("/sys")) -> set[int]:
+    """CPUs of the NUMA node a PCI device hangs off (its numa_node file, then the node's cpulist); empty
+    when the platform does not say (numa_node -1: a single node, or no such file)."""
+    node_file = sysfs / "bus" / "pci" / "devices" / pci_address / "numa_node"
+    node = int(node_file.read_text()) if node_file.exists() else -1
+    cpulist = sysfs / "devices" / "system" / "node" / f"node{node}" / "cpulist"
+    if node < 0 or not cpulist.exists():
+        return set()
+    cpus: set[int] = set()
+    for part in cpulist.read_text().strip().split(","):
+        lo, _, hi = part.partition("-")
+        if lo:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def bind_to_numa_node(pci_address: str, sysfs: Path = Path("/sys")) -> set[int]:
+    """Pin every thread of this process to the CPUs of the device's NUMA node that it may use (on GH200 the
+    Grace CPU next to the GPU: host-side work and first-touch host memory stay local). Returns the CPUs
+    bound to; empty (nothing changed) when the node is unknown or shares no CPU with the allowed set
+    (SLURM's cpuset)."""
+    cpus = numa_node_cpus(pci_address, sysfs) & os.sched_getaffinity(0)
+    if not cpus:
+        return set()
+    for tid in os.listdir("/proc/self/task"):  # sched_setaffinity is per thread on Linux
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return cpus
 
 
 def is_dist() -> bool:

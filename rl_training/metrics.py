@@ -38,9 +38,12 @@ class PhaseTimer:
 
 
 def peak_memory() -> dict[str, float]:
+    """Peak RSS of the process so far, and peak CUDA memory since the previous call (once per step: the
+    counter is reset here, or it would show the run's maximum forever)."""
     out = {"mem/peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
     if torch.cuda.is_available():
         out["mem/peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     return out
 
 

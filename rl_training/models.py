@@ -54,10 +54,23 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tok
 
 
+def check_attn_implementation(name: str) -> None:
+    """flash_attention_2 needs the flash-attn package (not in requirements: it is built per CUDA/torch pair);
+    transformers' own error appears deep inside from_pretrained."""
+    import importlib.util
+
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ModelLoadError(
+            "model.attn_implementation=flash_attention_2 needs the flash-attn package, which is not installed; "
+            "use sdpa (the default) or install flash-attn for this torch and CUDA"
+        )
+
+
 def load_base_model(model_cfg, device: torch.device):
     from transformers import AutoModelForCausalLM
 
     check_model_path(model_cfg.name_or_path)
+    check_attn_implementation(model_cfg.attn_implementation)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             model_cfg.name_or_path,

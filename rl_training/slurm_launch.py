@@ -54,6 +54,7 @@ ALLOW_EXACT = {
 }  # fmt: skip
 ALLOW_PREFIXES = (
     "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_",
+    "PYTORCH_",  # PYTORCH_CUDA_ALLOC_CONF (expandable segments), PYTORCH_NVML_BASED_CUDA_CHECK, ...
     "TORCHINDUCTOR_", "TRITON_", "VLLM_", "GLOO_", "TP_", "FI_", "UCX_", "RCLONE_", "AWS_", "RL_",
 )  # fmt: skip
 NODE_LOCAL = {  # variable -> subdirectory of the node-local directory: scratch and compiler caches

@@ -9,7 +9,8 @@ only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import dataclasses
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -175,21 +176,65 @@ class TrainStats:
     epochs: int = 0
 
 
-def _rollout_canary(stats: TrainStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
-    """Trainer-vs-sampler log-prob gap and importance ratios on valid tokens; returns TIS weights or None."""
+class DeviceStats:
+    """TrainStats' sums and maxima kept on the device during the update: adding a micro-batch's values is an
+    asynchronous kernel, and `to_stats` copies everything to the host once per step (one sync, not several
+    `.item()` calls per micro-batch)."""
+
+    def __init__(self, device: torch.device, epochs: int):
+        names = [f.name for f in dataclasses.fields(TrainStats) if f.name != "epochs"]
+        self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
+        self.epochs = epochs
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        self.v[name] += value.detach()
+
+    def max(self, name: str, value: torch.Tensor) -> None:
+        self.v[name] = torch.maximum(self.v[name], value.detach().to(self.v[name].dtype))
+
+    def to_stats(self) -> TrainStats:
+        names = list(self.v)
+        values = torch.stack([self.v[k] for k in names]).tolist()
+        return TrainStats(**dict(zip(names, values, strict=True)), epochs=self.epochs)
+
+
+def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
+    """Trainer-vs-sampler log-prob gap and importance ratios on valid tokens; returns TIS weights or None.
+    Masked arithmetic rather than boolean indexing, whose data-dependent size would sync with the host."""
     m = mb.mask.bool()
-    log_rho = (logp - mb.rollout_logp)[m]
-    if log_rho.numel():
-        stats.logp_absdiff_sum += log_rho.abs().sum().item()
-        stats.logp_absdiff_max = max(stats.logp_absdiff_max, log_rho.abs().max().item())
-        rho = log_rho.exp()
-        stats.is_ratio_sum += rho.sum().item()
-        stats.is_ratio_max = max(stats.is_ratio_max, rho.max().item())
-        if tis_cap > 0:
-            stats.is_truncated += (rho > tis_cap).sum().item()
+    log_rho = torch.where(m, logp - mb.rollout_logp, 0.0)
+    rho = torch.where(m, log_rho.exp(), 0.0)  # rho > 0 on valid tokens, so 0 elsewhere leaves the max alone
+    stats.add("logp_absdiff_sum", log_rho.abs().sum())
+    stats.max("logp_absdiff_max", log_rho.abs().max())
+    stats.add("is_ratio_sum", rho.sum())
+    stats.max("is_ratio_max", rho.max())
     if tis_cap <= 0:
         return None
+    stats.add("is_truncated", (rho > tis_cap).sum())
     return torch.clamp(torch.exp(logp - mb.rollout_logp), max=tis_cap) * mb.mask
+
+
+@contextmanager
+def checkpointing_without_dropout(model):
+    """Eval mode everywhere (dropout off: epoch-0 log-probs equal a separate no-grad "old" pass), except the
+    `training` flag of transformers' checkpointed decoder layers: they recompute activations in backward only
+    when that flag is set (GradientCheckpointingLayer.__call__ in transformers 5), so eval() alone silently
+    disables gradient checkpointing (~80x the saved activations). The flag is set on the layer object itself,
+    not its children, so attention and LoRA dropout stay off; the decoder layers of the supported
+    architectures (Qwen2/3, Llama, Mistral, Gemma2, Phi3, MoE variants) read no `self.training` themselves."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    was_training = model.training
+    model.eval()
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -214,11 +259,15 @@ def train_on_rollouts(
 ) -> TrainStats:
     """One rollout batch: `inner_epochs` optimizer steps. `probes` (a StepProbes or None) reads the small
     gradients and importance weights of epoch 0 and the PPO ratios of the last epoch; it never edits `.grad`."""
-    model.eval()  # no dropout anywhere, so epoch-0 log-probs equal a separate no-grad "old" pass
+    with checkpointing_without_dropout(model):
+        return _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes)
+
+
+def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes) -> TrainStats:
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
     ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
-    s = TrainStats(epochs=hp.inner_epochs)
+    s = DeviceStats(params[0].device, hp.inner_epochs)
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
@@ -228,7 +277,8 @@ def train_on_rollouts(
                 if epoch == 0:
                     old_logps.append(logp.detach())
                     is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
-                    s.entropy_sum += token_entropy(logits.detach(), hp.temperature)[mb.mask.bool()].sum().item()
+                    s.add("entropy_sum", (token_entropy(logits.detach(), hp.temperature) * mb.mask).sum())
+                del logits  # else they would outlive backward, into the next micro-batch's forward
                 out = policy_loss(
                     hp.objective,
                     logp,
@@ -248,12 +298,12 @@ def train_on_rollouts(
                 probes.observe_rollout(mb, old_logps[i], is_weights[i])
             if probes is not None and epoch == hp.inner_epochs - 1 and epoch > 0:
                 probes.observe_ppo(mb, logp, old_logps[i])
-            s.loss += out.loss.item()
-            s.pg_loss += out.pg_loss.item()
-            s.clipped_tokens += out.clipped_tokens.item()
+            s.add("loss", out.loss)
+            s.add("pg_loss", out.pg_loss)
+            s.add("clipped_tokens", out.clipped_tokens)
             if epoch == 0:
-                s.kl_sum += out.kl_sum.item()
-                s.tokens += out.tokens.item()
+                s.add("kl_sum", out.kl_sum)
+                s.add("tokens", out.tokens)
         for p in params:  # a rank whose groups were all dropped still joins the all-reduce
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -263,7 +313,7 @@ def train_on_rollouts(
         if probes is not None and epoch == 0:
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
-        s.grad_norm += grad_norm.item() / hp.inner_epochs
+        s.add("grad_norm", grad_norm / hp.inner_epochs)
         optimizer.step()
         scheduler.step()
-    return s
+    return s.to_stats()

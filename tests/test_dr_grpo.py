@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, k3_kl, token_logprobs
+from rl_training.algs.dr_grpo import group_advantages, k3_kl, token_entropy, token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
 
 DR_GRPO = OBJECTIVES["dr_grpo"]
@@ -100,3 +100,59 @@ def test_token_logprobs_temperature():
     logits = torch.tensor([[[2.0, 0.0]]], dtype=torch.float64)
     lp = token_logprobs(logits, torch.tensor([[0]]), temperature=2.0)
     assert lp.item() == pytest.approx(1 - math.log(math.e + 1), rel=1e-12)
+
+
+def _full_logprobs(logits, targets, temperature):
+    """The pre-chunking computation (autograd through gather - logsumexp over the whole [B,L,V] tensor)."""
+    x = (logits.float() if logits.dtype == torch.bfloat16 else logits) / temperature
+    return torch.gather(x, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 3 * 11, 10**9])  # one position, 3 of 7 (uneven), everything
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_equal_the_full_computation(chunk_elements, temperature):
+    # B=3, L=7, V=11: chunk_elements // (B*V) positions per chunk -> 1 (1 // 33 clamps to 1), 1, all 7.
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, dtype=torch.float64, generator=g) * 3
+    targets = torch.randint(0, 11, (3, 7), generator=g)
+    weights = torch.randn(3, 7, dtype=torch.float64, generator=g)  # an arbitrary upstream gradient
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    lp = token_logprobs(a, targets, temperature, chunk_elements=chunk_elements)
+    ref = _full_logprobs(b, targets, temperature)
+    torch.testing.assert_close(lp, ref, rtol=1e-12, atol=1e-12)
+    (lp * weights).sum().backward()
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-14)
+    full_h = -(torch.log_softmax(logits / temperature, -1).exp() * torch.log_softmax(logits / temperature, -1)).sum(-1)
+    torch.testing.assert_close(token_entropy(logits, temperature, chunk_elements), full_h, rtol=1e-12, atol=1e-12)
+
+
+def test_logprobs_gradcheck():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([[0, 4, 2], [1, 1, 3]])
+    assert torch.autograd.gradcheck(lambda x: token_logprobs(x, targets, 0.5, chunk_elements=10), (logits,))
+
+
+def test_bf16_logprobs_keep_no_float32_copy_of_the_logits_for_backward():
+    # Autograd through gather - logsumexp saved a float32 [B,L,V] copy (2x the bf16 logits) per micro-batch;
+    # the chunked version saves the bf16 logits, the targets and one float32 log-sum-exp per position.
+    # B=2, L=64, V=1000: logits 256,000 B in bf16; the old float32 copy alone would be 512,000 B.
+    logits = torch.randn(2, 64, 1000, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 1000, (2, 64))
+    saved: list[torch.Tensor] = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp = token_logprobs(logits, targets, 1.0, chunk_elements=2 * 8 * 1000)  # 8 positions per chunk
+        ref_saved = len(saved)
+        _full_logprobs(logits, targets, 1.0)
+    ours, full = saved[:ref_saved], saved[ref_saved:]
+    assert sum(t.numel() * t.element_size() for t in ours) == 256_000 + 2 * 64 * 8 + 2 * 64 * 4  # logits, ids, lse
+    assert max(t.numel() * t.element_size() for t in full) == 512_000  # the float32 copy the old code kept
+    assert lp.dtype == torch.float32
+    lp.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16 and torch.isfinite(logits.grad.float()).all()

@@ -8,7 +8,7 @@ import torch
 from rl_training.algs.dr_grpo import token_logprobs
 from rl_training.models import ModelLoadError
 from rl_training.rollout.base import SamplingSpec
-from rl_training.rollout.hf import HFBackend
+from rl_training.rollout.hf import HFBackend, seeded
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
 
@@ -68,3 +68,82 @@ def test_a_generation_config_knob_that_cannot_be_neutralised_is_refused(tiny_mod
     model.generation_config.suppress_tokens = [3]
     with pytest.raises(ModelLoadError, match="generation_config sets suppress_tokens"):
         HFBackend(model, AutoTokenizer.from_pretrained(tiny_model))
+
+
+def scores_then_log_softmax(model, backend, prompts, spec):
+    """The computation before the fix: generate with output_scores=True (every step's full-vocabulary scores,
+    warpers from the GenerationConfig), then stack them and take log_softmax at the sampled tokens."""
+    from rl_training.rollout.hf import neutral_generation_config
+
+    config = neutral_generation_config(spec, backend.stop_ids, backend.pad_id)
+    config.output_scores = True
+    if not spec.greedy:
+        config.temperature, config.top_p = spec.temperature, spec.top_p
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[backend.pad_id] * (width - len(p)) + p for p in prompts])
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(spec.seed)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
+    new = out.sequences[:, width:]
+    logp = torch.gather(torch.log_softmax(torch.stack(out.scores, 1).float(), -1), -1, new.unsqueeze(-1)).squeeze(-1)
+    return new, logp
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SamplingSpec(n=1, max_new_tokens=7, temperature=0.7, top_p=0.9, seed=3),
+        SamplingSpec(n=1, max_new_tokens=7, temperature=1.0, seed=4),
+        SamplingSpec(n=1, max_new_tokens=7, greedy=True, seed=5),
+    ],
+)
+def test_on_the_fly_logprobs_equal_the_stacked_scores_computation(model_and_tokenizer, spec):
+    model, tok = model_and_tokenizer
+    backend = HFBackend(model, tok)
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
+    new, old_logp = scores_then_log_softmax(model, backend, prompts, spec)
+    with seeded(spec.seed):
+        rows, lps = backend._generate_batch(prompts, spec)
+    assert rows == new.tolist()  # the same tokens: the warpers run in the same order on the same stream
+    torch.testing.assert_close(torch.tensor(lps), old_logp, rtol=0, atol=0)
+
+
+def test_hf_backend_keeps_one_float_per_row_per_step(model_and_tokenizer, monkeypatch):
+    # Before: out.scores held [B, V] float32 per step (B x steps x V in all: ~37 GiB at 256 x 1024 x 152k).
+    # Now the recorder holds at most one [B, V] log-softmax plus one float per row per step.
+    from rl_training.rollout import hf
+
+    model, tok = model_and_tokenizer
+    held: list[int] = []
+
+    class Tracking(hf.ChosenLogprobRecorder):
+        def __call__(self, input_ids, scores):
+            out = super().__call__(input_ids, scores)
+            held.append(self.pending.numel() + sum(c.numel() for c in self.chosen))
+            return out
+
+    monkeypatch.setattr(hf, "ChosenLogprobRecorder", Tracking)
+    b, steps, vocab = 4, 9, model.config.vocab_size
+    ro = HFBackend(model, tok).generate([[5, 6, 7]] * b, SamplingSpec(n=1, max_new_tokens=steps, seed=1))
+    assert max(len(c) for c in ro.completion_ids) == len(held)  # one call per generated step
+    # at step k (1-based): the pending [B, V] and k - 1 resolved [B] rows
+    assert held == [b * vocab + b * k for k in range(len(held))]
+    assert max(held) < 2 * b * vocab  # never steps x B x V
+
+
+def test_seeded_hf_rollouts_repeat_and_leave_the_global_rng_alone(model_and_tokenizer):
+    # The seed makes a call reproducible (a resumed run samples the same), every row of the call draws from
+    # one stream (different completions of one prompt), and the caller's RNG stream is not advanced.
+    model, tok = model_and_tokenizer
+    backend = HFBackend(model, tok)
+    spec = SamplingSpec(n=8, max_new_tokens=6, seed=11)
+    torch.manual_seed(0)
+    a = backend.generate(PROMPTS, spec)
+    after = torch.rand(1)
+    torch.manual_seed(0)
+    b = backend.generate(PROMPTS, spec)
+    assert a.completion_ids == b.completion_ids and torch.rand(1) == after
+    assert len({tuple(c) for c in a.completion_ids[:8]}) > 1  # the group's completions differ
+    c = backend.generate(PROMPTS, SamplingSpec(n=8, max_new_tokens=6, seed=12))
+    assert c.completion_ids != a.completion_ids

@@ -65,6 +65,7 @@ def test_worker_environment_is_an_allow_list():
         "NCCL_SOCKET_IFNAME": "hsn0",
         "RCLONE_CONFIG_S3_TYPE": "s3",
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "SLURM_JOB_ID": "42",
         "SLURM_NTASKS": "8",
         "SLURM_JOB_NODELIST": "n[1-2]",
@@ -81,6 +82,7 @@ def test_worker_environment_is_an_allow_list():
         "NCCL_SOCKET_IFNAME",
         "RCLONE_CONFIG_S3_TYPE",
         "CUDA_VISIBLE_DEVICES",
+        "PYTORCH_CUDA_ALLOC_CONF",
         "SLURM_JOB_ID",
     }
     extra = worker_env(env, "MY_SITE_VAR, SITE_*")  # RL_WORKER_ENV: names and NAME_* prefixes

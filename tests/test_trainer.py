@@ -13,8 +13,8 @@ from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
 from rl_training.trainer import (
+    DeviceStats,
     MicroBatch,
-    TrainStats,
     _rollout_canary,
     forward_logits,
     make_micro_batches,
@@ -141,8 +141,9 @@ def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
     rollout_logp = torch.tensor([[-1.0 - math.log(2), -1.0 + math.log(2), -1.0]], dtype=d)
     ids = torch.zeros(1, 4, dtype=torch.long)
     mb = MicroBatch(ids, ids, ids[:, 1:], mask, torch.ones(1, dtype=d), rollout_logp, [0])
-    stats = TrainStats()
-    w = _rollout_canary(stats, logp.detach(), mb, tis_cap=1.5)
+    dev_stats = DeviceStats(torch.device("cpu"), epochs=1)
+    w = _rollout_canary(dev_stats, logp.detach(), mb, tis_cap=1.5)
+    stats = dev_stats.to_stats()
     torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]], dtype=d))
     assert stats.is_truncated == 1 and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
     norm = StepNorm(seqs=1, tokens=3, max_new_tokens=4)
@@ -179,3 +180,56 @@ def test_truncated_is_scales_the_trainer_gradient(policy):
     torch.testing.assert_close(g_capped, 1.5 * g, **tol)
     assert (g_capped - 2.0 * g).abs().max() > 0.1 * g.abs().max()  # the cap did bind: not the uncapped 2x
     assert s.is_truncated == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5
+
+
+def checkpointed_policy_with_dropout(model_dir):
+    """The float64 tiny policy with gradient checkpointing on (as models.load_base_model enables it) and
+    dropout 0.5 in attention and LoRA: dropout that leaked into the update would change its log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_training.config import LoraCfg
+    from rl_training.models import apply_lora
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float64, attn_implementation="sdpa", attention_dropout=0.5
+    )
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = apply_lora(base, LoraCfg(r=4, alpha=8, dropout=0.5))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return model
+
+
+def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
+    # eval() alone turns transformers' gradient checkpointing off (it checks the layer's `training` flag):
+    # every layer's activations were then kept for backward. Counted here by the calls into layer 0's MLP (a
+    # pre-hook: torch's recompute stops early, inside the MLP, once every saved tensor is back). Epoch 0:
+    # 2 micro-batches x (reference pass + forward + recompute in backward) = 6; epoch 1: 2 x 2 = 4. Without
+    # the recompute: 2 + 2 + 2 = 6. Every call runs with the MLP in eval mode (no dropout anywhere).
+    from rl_training.trainer import UpdateHParams, train_on_rollouts
+
+    policy = checkpointed_policy_with_dropout(tiny_model)
+    calls: list[bool] = []
+    policy.get_base_model().model.layers[0].mlp.register_forward_pre_hook(lambda m, i: calls.append(m.training))
+    ro = fake_rollouts(2, seed=2)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    params = trainable_parameters(policy)
+    opt = torch.optim.SGD(params, lr=0.0)
+    mbs = make_micro_batches(ro, adv, G, 1, 0, torch.device("cpu"))
+    norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    # Clip bounds of 1e-15: any ratio other than exactly 1 in either epoch (lr 0) would count as clipped.
+    hp = UpdateHParams(inner_epochs=2, clip_low=1e-15, clip_high=1e-15, max_grad_norm=0.0)
+    policy.train()  # the update must not depend on the mode it is handed
+    stats = train_on_rollouts(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs, hp, norm)
+    assert len(calls) == 2 * 3 + 2 * 2 and not any(calls)  # epoch 1: forward + recompute per micro-batch
+    assert stats.clipped_tokens == 0.0 and policy.training  # mode restored
+    # Dropout off: the update's log-probs equal an eval-mode no-grad forward (sampler log-probs are all -1).
+    policy.eval()
+    with torch.no_grad():
+        expected = sum(
+            ((token_logprobs(forward_logits(policy, mb), mb.targets) + 1.0).abs() * mb.mask).sum().item() for mb in mbs
+        )
+    assert stats.logp_absdiff_sum == pytest.approx(expected, rel=1e-12)

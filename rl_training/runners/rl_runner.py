@@ -196,6 +196,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     with timer("train"):
+        run.backend.sleep()  # the engine's memory goes to the update; sync_weights wakes it
         micro = make_micro_batches(
             rollouts,
             advantages,
@@ -306,17 +307,20 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
     with StopOnSignal(cfg.run.stop_signal) as stop:  # before setup: a signal during a long setup still counts
         run = setup(cfg, info)
         try:
-            status = train(run, stop)
-            # The last uploads and the final pass over the kept checkpoints, in TensorBoard too. After a stop
-            # signal the wait is shorter: SLURM's margin also holds the step and the checkpoint before it.
-            run.logger.summary(run.syncer.drain(run.d.run_dir, stopped=status == STOPPED_EXIT_CODE))
+            try:
+                status = train(run, stop)
+                # The last uploads and the final pass over the kept checkpoints, in TensorBoard too. After a
+                # stop signal the wait is shorter: SLURM's margin also holds the step and the checkpoint before it.
+                run.logger.summary(run.syncer.drain(run.d.run_dir, stopped=status == STOPPED_EXIT_CODE))
+            finally:
+                run.logger.close()
+                run.syncer.finish(run.d.run_dir)  # also after a crash; bounded by sync.final_timeout_s
+            # Ranks leave together: torchrun stops a node's other workers as soon as one exits non-zero, which
+            # must not cut rank 0's final upload short. Before backend.close(): vLLM's engine shutdown destroys
+            # the default process group, after which this barrier would silently do nothing.
+            dist.barrier()
         finally:
-            run.logger.close()
             run.backend.close()
-            run.syncer.finish(run.d.run_dir)  # also after a crash; bounded by sync.final_timeout_s
-    # Ranks leave together: torchrun stops a node's other workers as soon as one exits non-zero, which
-    # must not cut rank 0's final upload short.
-    dist.barrier()
     return status
 
 

@@ -1,0 +1,32 @@
+"""A torchrun worker for test_vllm_backend's final-barrier test: the RL runner with the vLLM backend, where
+rank 0's final upload (syncer.finish) takes FINISH_S seconds. Each rank writes when its upload ended and when
+rl() returned to $BARRIER_OUT/rank<r>.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from rl_training.ckpt_sync import NullSyncer
+from rl_training.runners import rl_runner
+
+FINISH_S = 4.0
+FINISHED_AT: list[float] = []
+
+
+def slow_finish(self, run_dir) -> None:
+    if os.environ["RANK"] == "0":
+        time.sleep(FINISH_S)
+    FINISHED_AT.append(time.time())
+
+
+if __name__ == "__main__":
+    NullSyncer.finish = slow_finish
+    status = rl_runner.main(sys.argv[1:])
+    left = time.time()
+    out = Path(os.environ["BARRIER_OUT"]) / f"rank{os.environ['RANK']}.json"
+    out.write_text(json.dumps({"left": left, "finished_at": FINISHED_AT[0], "status": status}))
+    sys.exit(status)
