@@ -152,12 +152,10 @@ def test_server_matches_colocated_vllm(server_overrides, run_overrides, tmp_path
     request seed (checked here on step 1), so the server backend's seeds are set to the colocated backend's
     per-prompt scheme (seed + i) for this comparison only. What differs: the server applies the LoRA adapter
     unmerged (x A B added to x W), the colocated engine the merged W + B A: logits differ by float round-off."""
-    import rl_training.rollout.server as server_mod
 
     base = ["--cfg", TESTCFG, "train.total_steps=3", "ckpt.every=0"]
     assert rl_runner.main([*base, *run_overrides, "rollout.backend=vllm", "vllm.kv_cache_gb=0.1",
                            "rollout.temperature=0.7", "run.name=colocated"]) == 0  # fmt: skip
-    monkeypatch.setattr(server_mod, "request_seeds", lambda seed, n_req, n: [seed + i for i in range(n_req)])
     assert rl_runner.main([*base, *server_overrides, "run.name=server"]) == 0
 
     def read(name):

@@ -36,6 +36,29 @@ class SamplingSpec:
     seed: int | None = None  # per-call sampling seed: every completion of the call gets its own stream from it
 
 
+SEED_BITS = 63  # a torch.Generator (what vLLM seeds per request) takes any non-negative int64
+
+
+def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | None]:
+    """One sampling seed per completion, prompt-major (prompt i's j-th completion at i * n + j), or all None.
+    Every backend samples completion k from the stream of seed k: the colocated engine with one n=1 request per
+    completion, the server backend with one n-sample request per prompt seeded with its block's first seed
+    (vLLM seeds child j of a request seeded s with s + j), so both draw the same tokens for the same seed.
+
+    Consecutive integers from a 63-bit base hashed from `seed` (numpy's SeedSequence): a call's completions
+    have distinct streams for certain, and two calls' blocks of seeds overlap with probability about
+    2 * (completions per call) / 2^63 (each call's `seed` is itself a hash of (seed, rank, step))."""
+    if seed is None:
+        return [None] * (n_prompts * n)
+    import numpy as np
+
+    total = n_prompts * n
+    # base < 2^63 - total: no seed of the block wraps, and the server backend's per-prompt requests (seed
+    # base + i*n, children + j) stay within vLLM's int64 seeds.
+    base = int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0]) % (2**SEED_BITS - total)
+    return [base + k for k in range(total)]
+
+
 class RolloutBackend(Protocol):
     name: str
 

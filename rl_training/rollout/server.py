@@ -9,8 +9,8 @@ choose it and the server command lines: docs/server.md. Weight publishing is in 
   request i of rank r going to urls[(r + i) % len(urls)], and a retry goes to the next URL.
 - Seeds: vLLM samples the j-th child of an n > 1 request with seed + j (`v1/engine/parallel_sampling.py`),
   so per-prompt seeds seed + i would make prompt i's child j and prompt i+1's child j-1 share a stream
-  (issue 12, item 10). Each request gets a 62-bit seed from np.random.SeedSequence(spec.seed), redrawn until
-  no two requests' ranges [s, s + n) overlap: every completion of a call has its own stream.
+  (issue 12, item 10). Each request is seeded with the first seed of its prompt's block of
+  `completion_seeds` (rollout/base.py): completion k gets seed k's stream, as in the colocated engine.
 - Every sampling knob is sent at its neutral value: a server started without `--generation-config vllm`
   fills unset ones from the model's generation_config.json (Qwen2.5-Instruct: top_k 20, repetition 1.05).
   Sampler log-probs are the processed ones only if the server runs with `--logprobs-mode processed_logprobs`
@@ -26,16 +26,13 @@ choose it and the server command lines: docs/server.md. Weight publishing is in 
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
-
 from rl_training import dist
-from rl_training.rollout.base import Rollouts, SamplingSpec, split_completion
+from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds, split_completion
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
 
@@ -140,16 +137,9 @@ class ServerClient:
 
 
 def request_seeds(seed: int, n_requests: int, n: int) -> list[int]:
-    """One seed per request such that the child streams [s, s + n) of all requests are disjoint.
-
-    62-bit draws (s + n stays within vLLM's int64 seed); an overlap has probability ~ R^2 n / 2^62, and is
-    redrawn from the next SeedSequence spawn, so the result is still a pure function of (seed, R, n)."""
-    for attempt in range(100):
-        state = np.random.SeedSequence([seed, attempt]).generate_state(n_requests, dtype=np.uint64)
-        seeds = sorted(int(s) >> 2 for s in state)
-        if all(b - a >= n for a, b in itertools.pairwise(seeds)):
-            return [int(s) >> 2 for s in state]
-    raise AssertionError("unreachable: 100 overlapping seed draws")
+    """One seed per n-sample request: the first of its prompt's block of `completion_seeds`, so child j (seed
+    s + j in vLLM) is exactly the completion the colocated engine samples with that seed."""
+    return completion_seeds(seed, n_requests, n)[::n]
 
 
 def base_model_name(client: ServerClient) -> str:

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rl_training.rollout.base import Rollouts, SamplingSpec, split_completion
+from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
@@ -47,23 +47,6 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
-
-
-SEED_BITS = 63  # a torch.Generator (what vLLM seeds per request) takes any non-negative int64
-
-
-def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | None]:
-    """One sampling seed per completion, prompt-major (prompt i's j-th completion at i * n + j), or all None.
-
-    Consecutive integers from a 63-bit base hashed from `seed` (numpy's SeedSequence): a call's completions
-    have distinct streams for certain, and two calls' blocks of seeds overlap with probability about
-    2 * (completions per call) / 2^63 (each call's `seed` is itself a hash of (seed, rank, step))."""
-    if seed is None:
-        return [None] * (n_prompts * n)
-    import numpy as np
-
-    base = int(np.random.SeedSequence(seed).generate_state(1, dtype=np.uint64)[0]) >> (64 - SEED_BITS)
-    return [(base + k) % 2**SEED_BITS for k in range(n_prompts * n)]
 
 
 def engine_mapped_bytes() -> int:
