@@ -111,8 +111,16 @@ class CheckpointSyncer:
         ]
         # Own session: the terminal's Ctrl-C and SLURM's step-wide signals are handled by the trainer, and at
         # the end the whole group (helper, sh, rclone) can be stopped at once.
+        # The stop signals are ignored from the fork on (an ignored signal stays ignored across exec), not only
+        # once the helper's Python has started: a signal in its first second (seen under load) killed it.
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=_ignore_stop_signals,  # only signal.signal in the child, before exec
         )
         self._reader = threading.Thread(target=self._read_results, name="ckpt-sync-results", daemon=True)
         self._reader.start()
@@ -253,6 +261,12 @@ class CheckpointSyncer:
                 continue
 
 
+def _ignore_stop_signals() -> None:
+    """The trainer's stop signals must not kill an upload (see the module docstring)."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def make_syncer(cfg: SyncCfg, run_name: str, is_main: bool) -> CheckpointSyncer | NullSyncer:
     """Call resolve_target first (on every rank)."""
     return CheckpointSyncer(cfg, run_name) if is_main and cfg.remote else NullSyncer()
@@ -315,9 +329,7 @@ def helper_main(argv=None) -> int:
     ap.add_argument("--retries", type=int, required=True)
     ap.add_argument("--backoff-s", type=float, required=True)
     args = ap.parse_args(argv)
-    # Before anything starts: the trainer's stop signals must not kill an upload (see the module docstring).
-    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
+    _ignore_stop_signals()  # again: the helper may be started by hand (see the module docstring)
     import logging
 
     from rclone_python import rclone
