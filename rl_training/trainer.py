@@ -27,6 +27,7 @@ from rl_training.algs.objectives import (
     policy_loss,
 )
 from rl_training.rollout.base import Rollouts
+from rl_training.step_guard import nonfinite_agreed
 
 
 @dataclass
@@ -173,6 +174,7 @@ class TrainStats:
     is_truncated: float = 0.0  # tokens with rho > tis_cap (0 when TIS is off)
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
+    skipped: tuple[str, ...] = ()  # non-finite quantities that skipped this update (agreed over ranks)
 
 
 def _rollout_canary(stats: TrainStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
@@ -264,6 +266,9 @@ def train_on_rollouts(
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
         s.grad_norm += grad_norm.item() / hp.inner_epochs
+        s.skipped = nonfinite_agreed({"loss": s.loss, "grad_norm": grad_norm.item()}, params[0].device)
+        if s.skipped:  # no optimizer or scheduler step: adapter, AdamW moments and LR stay as they were
+            break
         optimizer.step()
         scheduler.step()
     return s
