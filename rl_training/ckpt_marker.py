@@ -66,7 +66,9 @@ def verify_marker(path: Path) -> None:
         if not f.is_file():
             raise CorruptCheckpointError(f"{f}: missing (listed in {COMPLETE})")
         if f.stat().st_size != rec["bytes"]:
-            raise CorruptCheckpointError(f"{f}: {f.stat().st_size} bytes, {rec['bytes']} when it was saved")
+            raise CorruptCheckpointError(
+                f"{f}: {f.stat().st_size} bytes, but {rec['bytes']} bytes when it was saved (truncated since?)"
+            )
     for rel, rec in files.items():
         if sha256_file(Path(path) / rel) != rec["sha256"]:
             raise CorruptCheckpointError(f"{Path(path) / rel}: contents changed since it was saved (sha256 differs)")
@@ -77,8 +79,8 @@ def write_atomically(final: Path, write: Callable[[Path], None]) -> str | None:
     one-line error after the temp directory is removed."""
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        for stale in final.parent.glob(".tmp_*"):  # a killed save's; nobody else writes here (run_lock.py)
+            shutil.rmtree(stale)
         tmp.mkdir(parents=True)
         write(tmp)
         faults.point("ckpt.files_written")

@@ -241,6 +241,8 @@ class MetricsLogger:
         """fsync metrics.jsonl (before a checkpoint: the checkpoint must not outlive the lines it covers)."""
         if self.enabled:
             os.fsync(self._fd)
+            if self.writer is not None:  # TensorBoard buffers up to 2 minutes; hand its events to the OS too
+                self.writer.flush()
 
     def summary(self, metrics: dict[str, float]) -> None:
         """End-of-run values (e.g. the final upload's outcome) at the last logged step, in TensorBoard only:

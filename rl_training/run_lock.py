@@ -19,9 +19,11 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rl_training import dist
+from rl_training.config import derive
 
 LOCK_FILE = "LOCK"
 # flock's answers on file systems that cannot lock (NFS without lockd, Lustre mounted without -o flock)
@@ -84,9 +86,7 @@ class RunLock:
             os.close(fd)
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 held = self.path.read_text(errors="replace").strip() or "a process that has not written its name yet"
-                raise RunLockError(
-                    f"{self.path.parent} is in use by another {self.what} ({held}); {self.path}"
-                ) from None
+                raise RunLockError(f"{self.path.parent} is in use by another {self.what}: {held}") from None
             if e.errno in UNSUPPORTED:
                 raise RunLockError(
                     f"{self.path}: this file system cannot lock ({errno.errorcode.get(e.errno, e.errno)}: NFS without "
@@ -112,6 +112,16 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def locked(body: Callable, what: str) -> Callable:
+    """A runner body (cfg, info) -> status that holds its run directory's lock while it runs."""
+
+    def run(cfg, info):
+        with RankZeroLock(derive(cfg, info.world_size).run_dir, what, cfg.run.lock):
+            return body(cfg, info)
+
+    return run
 
 
 class RankZeroLock(RunLock):

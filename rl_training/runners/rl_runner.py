@@ -38,7 +38,7 @@ from rl_training.probes.dashboard import LAYOUT as PROBE_LAYOUT
 from rl_training.probes.probe import StepProbes
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
-from rl_training.run_lock import RankZeroLock
+from rl_training.run_lock import locked
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
@@ -316,10 +316,7 @@ def train(run: Run, stop: StopOnSignal) -> int:
 
 
 def rl(cfg: Config, info: dist.DistInfo) -> int:
-    with (
-        StopOnSignal(cfg.run.stop_signal) as stop,  # before setup: a signal during a long setup still counts
-        RankZeroLock(derive(cfg, info.world_size).run_dir, "training run", cfg.run.lock),  # before any write
-    ):
+    with StopOnSignal(cfg.run.stop_signal) as stop:  # before setup: a signal during a long setup still counts
         run = setup(cfg, info)
         try:
             status = train(run, stop)
@@ -338,7 +335,7 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
 
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
-    return run_cli(__doc__, rl, argv)
+    return run_cli(__doc__, locked(rl, "training run"), argv)  # the run directory's lock, before any write
 
 
 if __name__ == "__main__":
