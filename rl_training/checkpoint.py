@@ -71,11 +71,6 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def find_latest(run_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1][1] if ckpts else None
-
-
 def find_latest_intact(run_dir: Path) -> Path | None:
     """The newest checkpoint that validates (marker, sizes, sha256); each newer one that does not is named
     in a printed note (rank 0) and passed over, never deleted."""

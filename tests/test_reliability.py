@@ -217,3 +217,44 @@ def test_two_ranks_skip_together_when_one_rank_is_non_finite(tiny_model, tmp_pat
         assert r["reward"] == ("reward",) and r["skipped"] == ("grad_norm",)
         assert r["unchanged"] and r["steps"] == {1} and r["epoch"] == 1
     assert torch.equal(r0["flat"], r1["flat"])
+
+
+def test_evals_run_holds_the_eval_folder(tmp_path, capsys):
+    from evals import run as evals_run
+
+    with RunLock(tmp_path / "eval", "evals.run"):
+        assert evals_run.main(["--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'eval'} is in use by another evals.run: host=") and "\n" not in err
+
+
+def test_sft_skips_a_non_finite_step(tiny_model, reverse_data, tmp_path, monkeypatch, capsys):
+    """A NaN loss at SFT step 2 (the model's forward poisoned once): weights of that step unchanged, counted,
+    and the run finishes."""
+    from rl_training.runners import sft_runner
+    from tests.conftest import data_overrides
+
+    real_step, seen = torch.optim.AdamW.step, []
+
+    def counting_step(self, *a, **k):
+        seen.append(1)
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    real_clip = torch.nn.utils.clip_grad_norm_
+    calls = [0]
+
+    def nan_on_second(params, *a, **k):
+        calls[0] += 1
+        norm = real_clip(params, *a, **k)
+        return norm * float("nan") if calls[0] == 2 else norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", nan_on_second)
+    args = [f"model.name_or_path={tiny_model}", *data_overrides(reverse_data), f"run.output_dir={tmp_path}"]
+    cfg = str(REPO / "cfg" / "tiny_sft.yaml")
+    assert sft_runner.main(["--cfg", cfg, *args, "run.name=s", "sft.steps=3", "sft.full_finetune=false"]) == 0
+    assert len(seen) == 2  # 3 steps, one skipped: two optimizer steps
+    m = [json.loads(x) for x in (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["train/skipped_steps"] for x in m] == [0, 1, 1]
+    assert [x["train/nonfinite_grad_norm"] for x in m] == [0, 1, 0]
+    assert "warning: step 2: non-finite grad_norm" in capsys.readouterr().out
