@@ -165,6 +165,8 @@ def random_kill_run(base: list[str], cwd: Path, run_dir: Path, nproc: int, rng: 
     for i, target in enumerate(("agent", "worker")):
         resume = ["ckpt.resume=latest"] if i else []
         proc = launch([*base, *resume], cwd, nproc=nproc)
+        while not children(proc.pid) and proc.poll() is None:  # the agent's workers exist: its own start-up
+            time.sleep(0.05)  # is not what is tested (a kill then orphans nothing)
         saved = max((s for s, _ in list_checkpoints(run_dir)), default=0)  # where this launch starts
         if wait_for_lines(run_dir, saved + rng.randint(0, 2), proc):  # 0: during setup
             time.sleep(rng.uniform(0, 1.5))
