@@ -180,7 +180,7 @@ def random_kill_run(base: list[str], cwd: Path, run_dir: Path, nproc: int, rng: 
 
 @pytest.mark.parametrize("backend, nproc", [("hf", 2), ("vllm", 1)])
 def test_random_kills_of_launcher_and_workers_then_resume(run_overrides, tmp_path, backend, nproc):
-    seed = int(os.environ.get("RL_FAULT_SEED", random.randrange(2**31)))
+    seed = int(os.environ.get("RL_FAULT_SEED") or random.SystemRandom().randrange(2**31))  # fixtures seed `random`
     print(f"RL_FAULT_SEED={seed}")
     extra = VLLM if backend == "vllm" else ["rollout.backend=hf"]
     base = ["--cfg", TESTCFG, *run_overrides, *extra, "rollout.prompts_per_step=4", "train.micro_batch_groups=1"]
