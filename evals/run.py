@@ -37,6 +37,7 @@ import re
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
 from rl_training.rollout.base import resolve_backend_name
+from rl_training.run_lock import RunLock
 
 EXIT_SKIPPED = 3
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -304,6 +306,14 @@ def evaluate_run(a: argparse.Namespace) -> int:
     return EXIT_SKIPPED if n_skipped else 0
 
 
+def eval_lock(a: argparse.Namespace) -> RunLock | nullcontext:
+    """The lock on RUN/eval/ (nothing to lock when --run-dir is not a directory: evaluate_run says so)."""
+    if not Path(a.run_dir).is_dir():
+        return nullcontext()
+    enabled = load_config(None, cli_overrides(a), training=False).run.lock
+    return RunLock(Path(a.run_dir) / "eval", "evals.run", enabled)
+
+
 def check_name_free(name: str) -> None:
     """RUN/eval/inloop belongs to the in-loop eval (evals.evaluate.InLoopEval): evals.run must not mix into it."""
     if name == "inloop":
@@ -445,7 +455,8 @@ def report(results, es, settings, out_dir, title) -> None:
 def main(argv=None) -> int:
     a = parse_args(argv)
     try:
-        return evaluate_run(a)
+        with eval_lock(a):  # one evals.run per run directory (a training run may write beside it)
+            return evaluate_run(a)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -2,7 +2,8 @@
 trainer_state.json, config.yaml, COMPLETE}.
 
 Written into a hidden temp directory, fsynced, then renamed into place; `COMPLETE` is written last before
-the rename, so neither a crash mid-write nor a half-copied directory is ever taken for a checkpoint.
+the rename, so neither a crash mid-write nor a half-copied directory is ever taken for a checkpoint, and it
+records every file's size and sha256, so one changed or truncated later is refused (rl_training/ckpt_marker.py).
 `adapter/` is peft's `save_pretrained` output, loadable by `PeftModel.from_pretrained` and by vLLM's
 LoRA loader (`LoRARequest`; both tested against the merged policy). Every rank's RNG state is saved
 (gathered to rank 0) so a resumed run samples exactly as the uninterrupted one would have.
@@ -25,13 +26,17 @@ import torch.distributed as tdist
 import yaml
 
 from rl_training import dist
+from rl_training.ckpt_marker import COMPLETE, CorruptCheckpointError, verify_marker, write_atomically
 
 STEP_RE = re.compile(r"^step_(\d{6,})$")
-COMPLETE = "COMPLETE"
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointWriteError(CheckpointError):
+    """A save that failed half-way; the earlier checkpoints are untouched."""
 
 
 def rng_state() -> dict:
@@ -58,15 +63,6 @@ def set_rng_state(state: dict) -> None:
     torch.cuda.set_rng_state(cuda)
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in [*sorted(path.rglob("*")), path]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def ckpt_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
 
@@ -84,9 +80,17 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def find_latest(run_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(run_dir)
-    return ckpts[-1][1] if ckpts else None
+def find_latest_intact(run_dir: Path) -> Path | None:
+    """The newest checkpoint that validates (marker, sizes, sha256); each newer one that does not is named
+    in a printed note (rank 0) and passed over, never deleted."""
+    for _, path in reversed(list_checkpoints(run_dir)):
+        try:
+            validate_checkpoint(path)
+        except CheckpointError as e:
+            dist.print0(f"note: ckpt.resume=latest passes over {path.name}: {e}")
+            continue
+        return path
+    return None
 
 
 def abandoned_dir(parent: Path) -> Path:
@@ -124,35 +128,35 @@ def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
 def save_checkpoint(
     run_dir: Path, step: int, model, optimizer, scheduler, config_yaml: str, trainer_state: dict, keep_last: int
 ) -> Path | None:
-    """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0."""
+    """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0.
+    A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together."""
     if dist.is_dist():
         states: list = [None] * tdist.get_world_size()
         tdist.all_gather_object(states, rng_state())
     else:
         states = [rng_state()]
     final = ckpt_dir(run_dir, step)
+    error = None
     if int(os.environ.get("RANK", 0)) == 0:
-        tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        model.save_pretrained(tmp / "adapter")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        for r, st in enumerate(states):
-            torch.save(st, tmp / f"rng_rank{r}.pt")
-        (tmp / "config.yaml").write_text(config_yaml)
-        (tmp / "trainer_state.json").write_text(
-            json.dumps({**trainer_state, "step": step, "world_size": len(states)}, indent=2)
-        )
-        (tmp / COMPLETE).write_text("ok\n")
-        _fsync_tree(tmp)
-        if final.exists():  # re-saving the same step (e.g. after a resume that trained 0 steps)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for _, old in list_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp / "adapter")
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            for r, st in enumerate(states):
+                torch.save(st, tmp / f"rng_rank{r}.pt")
+            (tmp / "config.yaml").write_text(config_yaml)
+            (tmp / "trainer_state.json").write_text(
+                json.dumps({**trainer_state, "step": step, "world_size": len(states)}, indent=2)
+            )
+
+        error = write_atomically(final, write)
+        if error is None:
+            for _, old in list_checkpoints(run_dir)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    error = dist.broadcast_object(error)  # also the barrier: no rank runs ahead of an unfinished save
+    if error:
+        raise CheckpointWriteError(error)
     return final if int(os.environ.get("RANK", 0)) == 0 else None
 
 
@@ -173,6 +177,10 @@ def validate_checkpoint(path: Path) -> int:
     for name in ("adapter/adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
         if not (path / name).exists():
             raise CheckpointError(f"{path}: missing {name}")
+    try:
+        verify_marker(path)
+    except CorruptCheckpointError as e:
+        raise CheckpointError(f"corrupt checkpoint: {e}") from None
     return int(m.group(1))
 
 

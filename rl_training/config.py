@@ -58,6 +58,11 @@ class RunCfg:
         "On this signal every rank checkpoints at the next step and exits with status 75 (SLURM's time-limit "
         "warning: --signal=B:USR1@N); none = keep the signal's default action.",
     )
+    lock: bool = _f(
+        True,
+        "Lock the run directory (run_dir/LOCK) so that a second run there fails at once; false only where the file "
+        "system cannot lock (docs/reliability.md), and then never start two runs on one directory.",
+    )
 
 
 @dataclass
@@ -213,6 +218,9 @@ class TrainCfg:
         False,
         "Skip forward/backward for groups whose advantages are all 0 (same gradient, less compute); "
         "not allowed with loss.kl_coef > 0, whose gradient those groups still carry.",
+    )
+    max_consecutive_skips: int = _f(
+        3, "Stop the run after this many optimizer steps in a row skipped for a non-finite reward/loss/grad.", ge=1
     )
 
 
@@ -471,6 +479,51 @@ def _unknown(key: str, valid: list[str], where: str) -> ConfigError:
     return ConfigError(f"{where}unknown config key '{key}'{hint}")
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    pass
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key repeated in one mapping, at any depth (PyYAML keeps the last value
+    silently: a second `train:` section would replace the first). Merge keys (`<<: *base`) may be overridden."""
+
+    def construct_document(self, node):
+        self._dotted = {}
+        _name_mappings(node, "", self._dotted)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for knode, _ in node.value:
+            if knode.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(knode, deep=True)
+            line = knode.start_mark.line + 1
+            if key in seen:
+                dotted = f"{self._dotted.get(id(node), '')}{key}"
+                raise DuplicateKeyError(
+                    None, None, f"duplicate key '{dotted}' (first at line {seen[key]})", knode.start_mark
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _name_mappings(node: Any, prefix: str, out: dict[int, str]) -> None:
+    """id(mapping node) -> the dotted prefix of its keys ('train.'), for error messages."""
+    if isinstance(node, yaml.MappingNode):
+        out[id(node)] = prefix
+        for knode, vnode in node.value:
+            _name_mappings(vnode, f"{prefix}{knode.value}.", out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, vnode in enumerate(node.value):
+            _name_mappings(vnode, f"{prefix}{i}.", out)
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, with repeated keys an error (UniqueKeyLoader)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def _key_lines(text: str, node: Any = None, prefix: str = "") -> dict[str, int]:
     """1-based line of every dotted key in a YAML text, so errors can name file:line."""
     node = yaml.compose(text) if node is None else node
@@ -580,7 +633,7 @@ def load_config(
         where = f"{path}: "
         try:
             text = Path(path).read_text(encoding="utf-8")
-            tree = yaml.safe_load(text) or {}
+            tree = load_yaml(text) or {}
             lines = _key_lines(text)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
@@ -591,6 +644,8 @@ def load_config(
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""
+            if isinstance(e, DuplicateKeyError):
+                raise ConfigError(f"{path}{line}: {e.problem}; PyYAML would silently keep the last one") from None
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
         if not isinstance(tree, dict):
             raise ConfigError(

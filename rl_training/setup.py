@@ -12,7 +12,7 @@ import torch
 
 from rl_training.checkpoint import (
     CheckpointError,
-    find_latest,
+    find_latest_intact,
     list_checkpoints,
     resume_changes,
     set_aside_later,
@@ -72,7 +72,7 @@ def resolve_resume(resume: str, run_dir: Path, config_yaml: str | None = None) -
                 "it, or choose another run.name (nothing was changed)"
             )
         return None
-    path = find_latest(run_dir) if resume == "latest" else Path(resume)
+    path = find_latest_intact(run_dir) if resume == "latest" else Path(resume)
     if path is None:
         return None
     step = validate_checkpoint(path)

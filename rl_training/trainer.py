@@ -28,6 +28,7 @@ from rl_training.algs.objectives import (
     policy_loss,
 )
 from rl_training.rollout.base import Rollouts
+from rl_training.step_guard import nonfinite_agreed
 
 
 @dataclass
@@ -174,6 +175,7 @@ class TrainStats:
     is_truncated: float = 0.0  # tokens with rho > tis_cap (0 when TIS is off)
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
+    skipped: tuple[str, ...] = ()  # non-finite quantities that skipped this update (agreed over ranks)
 
 
 class DeviceStats:
@@ -182,9 +184,10 @@ class DeviceStats:
     `.item()` calls per micro-batch)."""
 
     def __init__(self, device: torch.device, epochs: int):
-        names = [f.name for f in dataclasses.fields(TrainStats) if f.name != "epochs"]
+        names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in ("epochs", "skipped")]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
         self.epochs = epochs
+        self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.v[name] += value.detach()
@@ -195,7 +198,7 @@ class DeviceStats:
     def to_stats(self) -> TrainStats:
         names = list(self.v)
         values = torch.stack([self.v[k] for k in names]).tolist()
-        return TrainStats(**dict(zip(names, values, strict=True)), epochs=self.epochs)
+        return TrainStats(**dict(zip(names, values, strict=True)), epochs=self.epochs, skipped=self.skipped)
 
 
 def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
@@ -314,6 +317,10 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
         s.add("grad_norm", grad_norm / hp.inner_epochs)
+        loss_so_far, norm_value = torch.stack([s.v["loss"], grad_norm.detach().double()]).tolist()  # one host sync
+        s.skipped = nonfinite_agreed({"loss": loss_so_far, "grad_norm": norm_value}, params[0].device)
+        if s.skipped:  # no optimizer or scheduler step: adapter, AdamW moments and LR stay as they were
+            break
         optimizer.step()
         scheduler.step()
     return s.to_stats()

@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from evals.evaluate import InLoopEval
-from rl_training import code, dist
+from rl_training import code, dist, faults
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
+from rl_training.lifeline import tie_to_launcher
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.platform_check import require_working_cuda
@@ -38,9 +39,12 @@ from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import StepProbes
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
+from rl_training.run_lock import locked
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
+from rl_training.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
 from rl_training.trainer import (
+    TrainStats,
     UpdateHParams,
     make_micro_batches,
     resolve_objective,
@@ -71,6 +75,7 @@ class Run:
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
+    skips: SkipGuard  # non-finite steps skipped so far (rl_training/step_guard.py)
     alerts: dict = field(default_factory=dict)
 
 
@@ -174,6 +179,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         start_step,
         evaluator,
         syncer,
+        SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
     )
 
 
@@ -194,7 +200,12 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         examples = [run.examples[i] for i in idx for _ in range(G)]
         scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
         rewards = torch.tensor(scores.rewards, dtype=torch.float64)
+        bad_reward = nonfinite_agreed({"reward": rewards.sum().item()}, run.info.device)  # skip together
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
+    if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
+        stats, lr = TrainStats(epochs=run.hp.inner_epochs, skipped=bad_reward), run.scheduler.get_last_lr()[0]
+        metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+        return {**metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
     with timer("train"):
         run.backend.sleep()  # the engine's memory goes to the update; sync_weights wakes it
         micro = make_micro_batches(
@@ -212,13 +223,15 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
     with timer("sync"):
+        # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
+        # them on CUDA) and this sync is what restores them.
         run.backend.sync_weights(run.model)
     probe_metrics = {}
     if run.probes is not None:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
-    return {**metrics, **probe_metrics, **run.backend.metrics()}
+    return {**metrics, **probe_metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
 
 
 def maybe_eval(run: Run, step: int) -> dict[str, float]:
@@ -235,6 +248,7 @@ def sampling_seed(seed: int, rank: int, step: int) -> int:
 
 def checkpoint(run: Run, step: int) -> None:
     epoch, offset = run.sampler.position(step)
+    run.logger.sync()  # durable first: the checkpoint must never cover a step metrics.jsonl could lose
     path = save_checkpoint(
         run.d.run_dir,
         step,
@@ -246,6 +260,7 @@ def checkpoint(run: Run, step: int) -> None:
             "data_epoch": epoch,
             "data_offset": offset,
             "probes": run.probes.state_dict() if run.probes is not None else None,
+            "skips": run.skips.state_dict(),
         },
         run.cfg.ckpt.keep_last,
     )
@@ -292,6 +307,8 @@ def train(run: Run, stop: StopOnSignal) -> int:
             return STOPPED_EXIT_CODE
         metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
         run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
+        faults.point("loop.after_log")
+        run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
         report_alerts(run, metrics, step + 1)
         bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")
         bar.update(1)
@@ -325,7 +342,8 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
 
 
 def main(argv=None) -> int:
-    return run_cli(__doc__, rl, argv)
+    tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
+    return run_cli(__doc__, locked(rl, "training run"), argv)  # the run directory's lock, before any write
 
 
 if __name__ == "__main__":

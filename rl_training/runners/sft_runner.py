@@ -29,10 +29,13 @@ from rl_training.cli import run_cli
 from rl_training.config import ConfigError, derive, resolve_paths, to_yaml
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
+from rl_training.lifeline import tie_to_launcher
 from rl_training.metrics import MetricsLogger, peak_memory
 from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
 from rl_training.platform_check import require_working_cuda
+from rl_training.run_lock import locked
 from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
+from rl_training.step_guard import SkipGuard, nonfinite_agreed
 
 
 def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], int]]:
@@ -112,6 +115,7 @@ def sft(cfg, info) -> None:
     rng = np.random.default_rng(cfg.train.seed)  # same stream on every rank: ranks take disjoint slices
     per_rank = s.batch_size // info.world_size
     model.train()
+    skips = SkipGuard(cfg.train.max_consecutive_skips)
     for step in range(s.steps):
         batch = rng.choice(len(pairs), size=s.batch_size, replace=len(pairs) < s.batch_size)
         mine = batch[info.rank * per_rank : (info.rank + 1) * per_rank]
@@ -123,8 +127,10 @@ def sft(cfg, info) -> None:
         dist.average_gradients_(params)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm or float("inf"))
         lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
+        skipped = nonfinite_agreed({"loss": loss.item(), "grad_norm": norm.item()}, info.device)
+        if not skipped:  # a non-finite step reaches neither the weights nor AdamW nor the schedule
+            optimizer.step()
+            scheduler.step()
         metrics = dist.reduce_sums({"loss": loss.item()}, info.device)
         logger.log(
             step + 1,
@@ -133,8 +139,10 @@ def sft(cfg, info) -> None:
                 "sft/grad_norm": norm.item(),
                 "sft/lr": lr,
                 **peak_memory(),
+                **skips.record(step + 1, skipped),
             },
         )
+        skips.check(step + 1, "nothing was saved (SFT writes final_model at the end)")
         if info.is_main and ((step + 1) % 50 == 0 or step + 1 == s.steps):
             print(f"sft step {step + 1}/{s.steps} loss {metrics['loss'] / info.world_size:.4f}", flush=True)
     logger.close()
@@ -145,7 +153,8 @@ def sft(cfg, info) -> None:
 
 
 def main(argv=None) -> int:
-    return run_cli(__doc__, sft, argv)
+    tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
+    return run_cli(__doc__, locked(sft, "SFT run"), argv)  # the run directory's lock, before any write
 
 
 if __name__ == "__main__":
