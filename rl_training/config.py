@@ -42,11 +42,31 @@ def _f(
 
 
 @dataclass
+class WandbCfg:
+    project: str = _f("", "Weights & Biases project; '' = no W&B (an optional extra: requirements-extras.txt).")
+    entity: str = _f("", "W&B entity (team or user); '' = the account's default.")
+    group: str = _f("", "W&B run group (e.g. one per sweep); '' = none.")
+    tags: list[str] = _f([], "W&B tags.")
+    mode: Literal["online", "offline"] = _f(
+        "online", "offline on nodes without internet: written to run_dir/wandb/, uploaded later with `wandb sync`."
+    )
+
+
+@dataclass
 class RunCfg:
     output_dir: str = _f("runs", "Parent directory of run directories.")
     name: str = _f("default", "Run name; the run directory is output_dir/name.")
     tensorboard: bool = _f(True, "Write TensorBoard event files under run_dir/tb.")
-    progress_bar: bool = _f(True, "Show a tqdm progress bar with ETA on rank 0.")
+    progress_bar: bool = _f(
+        True, "Show progress on rank 0: a tqdm bar on a terminal, else one line every progress_every_s seconds."
+    )
+    progress_every_s: float = _f(30.0, "Without a terminal (SLURM logs): seconds between progress lines.", gt=0)
+    samples_per_step: int = _f(
+        4, "Whole rollouts kept per logged step, drawn from all ranks, in run_dir/samples/ and TensorBoard.", ge=0
+    )
+    samples_every: int = _f(1, "Keep samples every N steps.", ge=1)
+    samples_max_mb: float = _f(50.0, "Size bound of run_dir/samples/ (the oldest files are deleted).", gt=0)
+    wandb: WandbCfg = field(default_factory=WandbCfg)
     dist_timeout_s: float = _f(
         1800.0,
         "How long a collective (NCCL on GPU, gloo on CPU) waits for the other ranks before the run fails; more "

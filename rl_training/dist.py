@@ -99,6 +99,10 @@ def world_size() -> int:
     return dist.get_world_size() if is_dist() else 1
 
 
+def rank() -> int:
+    return dist.get_rank() if is_dist() else 0
+
+
 def barrier() -> None:
     if is_dist():
         dist.barrier()

@@ -23,6 +23,7 @@ from rl_training.checkpoint import abandoned_dir
 from rl_training.rewards import Scores
 from rl_training.rollout.base import Rollouts
 from rl_training.trainer import TrainStats
+from rl_training.wandb_log import NullWandb
 
 
 class PhaseTimer:
@@ -197,9 +198,10 @@ class MetricsLogger:
     before each checkpoint) fsyncs, so a checkpoint never covers a step that metrics.jsonl could lose.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, resume_step: int = 0):
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, resume_step: int = 0, wandb=None):
         self.enabled = enabled
         self.writer = None
+        self.wandb = wandb or NullWandb()  # the same scalars to W&B, when configured (rl_training/wandb_log.py)
         self.last_step = resume_step
         self.jsonl = Path(run_dir) / "metrics.jsonl"
         if not enabled:
@@ -224,6 +226,7 @@ class MetricsLogger:
             if self.writer is not None:
                 self.writer.add_scalar(k, v, step)
         self._append((json.dumps({"step": step, **metrics}) + "\n").encode())
+        self.wandb.log(step, metrics)
         self.last_step = step
 
     def _append(self, line: bytes) -> None:
@@ -253,6 +256,7 @@ class MetricsLogger:
         if self.enabled and self.writer is not None:
             for k, v in metrics.items():
                 self.writer.add_scalar(k, v, self.last_step)
+        self.wandb.summary(metrics)
 
     def custom_scalars(self, layout: dict) -> None:
         """TensorBoard 'Custom Scalars' tab layout (written once per run directory session)."""
@@ -269,3 +273,5 @@ class MetricsLogger:
             self._fd = None
             if self.writer is not None:
                 self.writer.close()
+        self.wandb.close()
+        self.wandb = NullWandb()  # closed once, even if close() is called again

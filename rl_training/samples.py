@@ -142,3 +142,44 @@ def markdown(records: Sequence[dict]) -> str:
 def gather_samples(local: list[dict]) -> list[dict]:
     """Every rank's chosen records on every rank (one collective), in (rank, row) order."""
     return [r for part in dist.all_gather_objects(local) for r in part]
+
+
+class StepSamples:
+    """The runner's hook: every `samples_every` steps, choose, format, gather and write a step's samples.
+    Collective when due (every rank calls it with its own rollouts)."""
+
+    def __init__(self, run_cfg, seed: int, group_size: int, tokenizer, run_dir: Path, is_main: bool, start_step: int):
+        self.k, self.every, self.seed, self.group = run_cfg.samples_per_step, run_cfg.samples_every, seed, group_size
+        self.tokenizer = tokenizer
+        self.writer = SampleWriter(run_dir, is_main and self.k > 0, max_mb=run_cfg.samples_max_mb)
+        self.writer.drop_after(start_step)
+
+    def __call__(self, step: int, rollouts, scores, advantages, seq_gap: dict[int, float], logger) -> None:
+        """`step`: the completed step (1-based, as logged); the rollouts were sampled by the policy of step - 1."""
+        if self.k <= 0 or step % self.every:
+            return
+        rank, world = dist.rank(), dist.world_size()
+        mine = [row for r, row in choose(self.seed, step, [len(rollouts)] * world, self.k) if r == rank]
+        versions = rollouts.policy_version
+        local = [
+            sample_record(
+                step=step,
+                rank=rank,
+                row=row,
+                group_size=self.group,
+                prompt=self.tokenizer.decode(rollouts.prompt_ids[row], skip_special_tokens=True),
+                completion=rollouts.texts[row],
+                reward=float(scores.rewards[row]),
+                parts={k: float(v[row]) for k, v in scores.parts.items()},
+                advantage=float(advantages[row]),
+                length=len(rollouts.completion_ids[row]),
+                truncated=bool(rollouts.truncated[row]),
+                policy_version=int(versions[row]) if versions is not None else step - 1,
+                logp_gap=seq_gap.get(row),
+            )
+            for row in mine
+        ]
+        records = gather_samples(local)
+        self.writer.write(records, logger)
+        if self.writer.enabled:
+            logger.wandb.samples(step, records)

@@ -176,6 +176,9 @@ class TrainStats:
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
     skipped: tuple[str, ...] = ()  # non-finite quantities that skipped this update (agreed over ranks)
+    # rollout row -> mean |trainer - sampler| log-prob over its completion tokens, epoch 0 (rows of dropped
+    # zero-advantage groups are absent): the per-sample canary the rollout samples show
+    seq_logp_gap: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class DeviceStats:
@@ -184,10 +187,12 @@ class DeviceStats:
     `.item()` calls per micro-batch)."""
 
     def __init__(self, device: torch.device, epochs: int):
-        names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in ("epochs", "skipped")]
+        host_only = ("epochs", "skipped", "seq_logp_gap")
+        names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in host_only]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
         self.epochs = epochs
         self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
+        self.seq_gaps: list[tuple[list[int], torch.Tensor]] = []  # (rollout rows, [rows] gap) per micro-batch
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.v[name] += value.detach()
@@ -197,8 +202,15 @@ class DeviceStats:
 
     def to_stats(self) -> TrainStats:
         names = list(self.v)
-        values = torch.stack([self.v[k] for k in names]).tolist()
-        return TrainStats(**dict(zip(names, values, strict=True)), epochs=self.epochs, skipped=self.skipped)
+        gaps = [g.to(torch.float64) for _, g in self.seq_gaps]
+        values = torch.cat([torch.stack([self.v[k] for k in names]), *gaps]).tolist()  # the one host copy
+        rows = [r for rs, _ in self.seq_gaps for r in rs]
+        return TrainStats(
+            **dict(zip(names, values[: len(names)], strict=True)),
+            epochs=self.epochs,
+            skipped=self.skipped,
+            seq_logp_gap=dict(zip(rows, values[len(names) :], strict=True)),
+        )
 
 
 def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
@@ -208,6 +220,9 @@ def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_
     log_rho = torch.where(m, logp - mb.rollout_logp, 0.0)
     rho = torch.where(m, log_rho.exp(), 0.0)  # rho > 0 on valid tokens, so 0 elsewhere leaves the max alone
     stats.add("logp_absdiff_sum", log_rho.abs().sum())
+    group = len(mb.advantages) // len(mb.group_ids)
+    rows = [g * group + i for g in mb.group_ids for i in range(group)]
+    stats.seq_gaps.append((rows, log_rho.abs().sum(1) / m.sum(1).clamp(min=1)))
     stats.max("logp_absdiff_max", log_rho.abs().max())
     stats.add("is_ratio_sum", rho.sum())
     stats.max("is_ratio_max", rho.max())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rl_training import monitor
 from rl_training.runners import rl_runner
+from tests.wandb_records import history
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -85,10 +86,34 @@ def test_side_by_side_and_plots(tmp_path):
 
 
 def test_monitor_reads_a_real_run(run_overrides, tmp_path, capsys):
-    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2", "ckpt.every=1"]) == 0
+    over = [
+        "train.total_steps=2",
+        "ckpt.every=1",
+        "run.samples_per_step=3",
+        "run.wandb.project=p",
+        "run.progress_bar=true",
+    ]
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, *over, "run.wandb.mode=offline"]) == 0
+    err = capsys.readouterr().err
+    # No terminal: whole progress lines, no carriage-return bar (the last step always gets one).
+    assert "[rl] step 2/2 (100%)  reward " in err and "rl: " not in err  # (transformers' load bar is its own)
     run_dir = tmp_path / "runs" / "testconfig"
+    # Samples: 3 per step (testconfig: 4 prompts x 4 = 16 rollouts), every field, the sampler's policy version,
+    # and the per-sequence canary (fresh weights, float32 HF: the gap is round-off).
+    samples = [json.loads(x) for f in sorted((run_dir / "samples").glob("*.jsonl")) for x in f.read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
+    assert [s["policy_version"] for s in samples] == [0, 0, 0, 1, 1, 1]
+    assert all(0 <= s["logp_gap"] < 1e-3 and s["finish_reason"] in ("stop", "length") for s in samples)
+    assert all(0 <= s["group"] < 4 and 0 <= s["index"] < 4 and s["prompt"].endswith("=") for s in samples)
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # W&B offline: the same scalars as metrics.jsonl, and the samples as a table per step.
+    rows = [r for r in history(run_dir) if "rollout/reward_mean" in r]
+    assert [(r["_step"], r["rollout/reward_mean"]) for r in rows] == [
+        (m["step"], m["rollout/reward_mean"]) for m in metrics
+    ]
+    assert [r["samples/nrows"] for r in history(run_dir) if r.get("samples/_type") == "table-file"] == [3, 3]
     assert monitor.main([str(run_dir), "--save-dir", str(tmp_path / "plots")]) == 0
     out = capsys.readouterr().out
     assert "step 2/2 (finished)" in out and "last checkpoint: step 2 (2 kept)" in out
-    assert "reward " in out and "KL " in out
+    assert "reward " in out and "KL " in out and "3 lowest-reward samples of step 2" in out
     assert (tmp_path / "plots" / "reward.png").exists() and (tmp_path / "plots" / "loss.png").exists()

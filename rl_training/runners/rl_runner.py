@@ -27,7 +27,7 @@ from rl_training import code, dist, faults
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, derive, resolve_paths, to_yaml
+from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.lifeline import tie_to_launcher
@@ -37,9 +37,11 @@ from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import StepProbes
+from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.run_lock import locked
+from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
@@ -52,6 +54,7 @@ from rl_training.trainer import (
     step_norm,
     train_on_rollouts,
 )
+from rl_training.wandb_log import make_wandb
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Run:
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
     skips: SkipGuard  # non-finite steps skipped so far (rl_training/step_guard.py)
+    samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/samples.py)
     alerts: dict = field(default_factory=dict)
 
 
@@ -152,7 +156,8 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
             f"# resolved config (world size {info.world_size}, {d.accum_steps} micro-batches/step)\n{to_yaml(cfg)}",
             flush=True,
         )
-    logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step)
+    wandb = make_wandb(cfg.run.wandb, d.run_dir, cfg.run.name, to_dict(cfg), info.is_main)
+    logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
     hp = UpdateHParams.from_config(cfg)
@@ -180,6 +185,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         evaluator,
         syncer,
         SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
+        StepSamples(cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step),
     )
 
 
@@ -231,6 +237,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
     return {**metrics, **probe_metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
 
 
@@ -279,20 +286,12 @@ def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
 
 def train(run: Run, stop: StopOnSignal) -> int:
     """Train up to train.total_steps; returns the exit status (STOPPED_EXIT_CODE after a stop signal)."""
-    from tqdm import tqdm
-
     total = run.cfg.train.total_steps
     if run.start_step >= total:
         dist.print0(f"nothing to do: at step {run.start_step} of train.total_steps={total}")
         return 0
-    bar = tqdm(
-        total=total,
-        initial=run.start_step,
-        desc="rl",
-        dynamic_ncols=True,
-        disable=not (run.info.is_main and run.cfg.run.progress_bar),
-        mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s, not every step
-    )
+    enabled = run.info.is_main and run.cfg.run.progress_bar
+    bar = make_progress(total, run.start_step, enabled, run.cfg.run.progress_every_s)  # lines in a log file
     every, saved = run.cfg.ckpt.every, run.start_step
     for step in range(run.start_step, total):
         if stop.agreed(run.info.device):  # all ranks, so that none stops alone inside a collective
@@ -310,8 +309,7 @@ def train(run: Run, stop: StopOnSignal) -> int:
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
         report_alerts(run, metrics, step + 1)
-        bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics['train/kl']:.4f}")
-        bar.update(1)
+        bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], kl=metrics["train/kl"])
         if (every and (step + 1) % every == 0) or step + 1 == total:
             checkpoint(run, step + 1)
             saved = step + 1
