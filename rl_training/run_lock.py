@@ -114,10 +114,13 @@ class RunLock:
         self.release()
 
 
-def locked(body: Callable, what: str) -> Callable:
-    """A runner body (cfg, info) -> status that holds its run directory's lock while it runs."""
+def locked(body: Callable, what: str, before: Callable[[], None] | None = None) -> Callable:
+    """A runner body (cfg, info) -> status that holds its run directory's lock while it runs. `before` runs
+    first, outside the lock: a check that refuses the run must not leave a run directory behind."""
 
     def run(cfg, info):
+        if before is not None:
+            before()
         with RankZeroLock(derive(cfg, info.world_size).run_dir, what, cfg.run.lock):
             return body(cfg, info)
 

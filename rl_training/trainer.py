@@ -200,6 +200,12 @@ class DeviceStats:
     def max(self, name: str, value: torch.Tensor) -> None:
         self.v[name] = torch.maximum(self.v[name], value.detach().to(self.v[name].dtype))
 
+    def nonfinite(self, grad_norm: torch.Tensor) -> tuple[str, ...]:
+        """The update's decision point, once per optimizer step: one host read of the loss so far and the grad
+        norm after the all-reduce, and one collective so that every rank skips together (step_guard.py)."""
+        loss, norm = torch.stack([self.v["loss"], grad_norm.detach().double()]).tolist()
+        return nonfinite_agreed({"loss": loss, "grad_norm": norm}, grad_norm.device)
+
     def to_stats(self) -> TrainStats:
         names = list(self.v)
         gaps = [g.to(torch.float64) for _, g in self.seq_gaps]
@@ -332,8 +338,7 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
         s.add("grad_norm", grad_norm / hp.inner_epochs)
-        loss_so_far, norm_value = torch.stack([s.v["loss"], grad_norm.detach().double()]).tolist()  # one host sync
-        s.skipped = nonfinite_agreed({"loss": loss_so_far, "grad_norm": norm_value}, params[0].device)
+        s.skipped = s.nonfinite(grad_norm)
         if s.skipped:  # no optimizer or scheduler step: adapter, AdamW moments and LR stay as they were
             break
         optimizer.step()

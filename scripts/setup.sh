@@ -63,7 +63,7 @@ case "$platform" in cpu|gpu) ;; *) echo "setup.sh: platform must be cpu, gpu or 
 
 # bubblewrap: the sandbox of the code rewards (docs/code.md); installed here when root with apt-get.
 if ! command -v bwrap >/dev/null 2>&1; then
-  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$EUID" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends bubblewrap >/dev/null \
       || echo "setup: could not install bubblewrap (code rewards need it; docs/code.md)" >&2
   else

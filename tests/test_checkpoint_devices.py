@@ -3,6 +3,7 @@ cuda:0, one RNG state per visible GPU) load on a CPU machine, and optimizer stat
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 import torch.serialization
 
 from rl_training import checkpoint as ck
+from rl_training.ckpt_marker import file_records
 from rl_training.config import load_config, to_yaml
 from rl_training.models import build_policy, trainable_parameters
 from rl_training.setup import build_optimizer
@@ -88,6 +90,9 @@ def test_checkpoint_written_on_gpu_node_resumes_on_cpu(tiny_model, tmp_path, mon
     path = ck.save_checkpoint(tmp_path, 1, model, opt, sched, to_yaml(cfg), {}, keep_last=2)
     rng = {**ck.rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}  # a node with 8 GPUs visible
     save_as_cuda(monkeypatch, rng, path / "rng_rank0.pt")
+    marker = json.loads((path / ck.COMPLETE).read_text())  # the marker records the GPU node's file as saved there
+    marker["files"]["rng_rank0.pt"] = file_records(path)["rng_rank0.pt"]
+    (path / ck.COMPLETE).write_text(json.dumps(marker))
     with pytest.raises(RuntimeError, match="CUDA device"):
         torch.load(path / "optimizer.pt", weights_only=False)  # the files really are GPU-tagged
     opt2, sched2 = build_optimizer(params, cfg.optim, 10)

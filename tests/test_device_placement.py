@@ -46,8 +46,11 @@ def test_update_runs_on_a_non_cpu_device_without_host_syncs(monkeypatch, objecti
         objective=o, clip_low=o.clip_low, clip_high=o.clip_high, inner_epochs=2, kl_coef=0.1, tis_cap=2.0
     )
     copied: list[torch.Tensor] = []
-    # The update's one host copy (DeviceStats.to_stats) is where a real run syncs; record the device it reads.
+    decided: list[torch.device] = []
+    # The update's host reads are where a real run syncs: the non-finite decision once per optimizer step and the
+    # one copy of the stats (DeviceStats.to_stats); record the devices they read.
     monkeypatch.setattr(DeviceStats, "to_stats", lambda self: copied.extend(self.v.values()))
+    monkeypatch.setattr(DeviceStats, "nonfinite", lambda self, norm: decided.append(norm.device) or ())
     model = TinyLM(DEVICE)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
@@ -58,6 +61,7 @@ def test_update_runs_on_a_non_cpu_device_without_host_syncs(monkeypatch, objecti
     train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
     assert all(p.grad.device == DEVICE for p in params)
     assert copied and all(t.device == DEVICE for t in copied)
+    assert decided == [DEVICE, DEVICE]  # inner_epochs=2: one decision per optimizer step
 
 
 def test_meta_device_catches_a_host_sync_and_a_cpu_tensor():

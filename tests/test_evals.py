@@ -316,6 +316,12 @@ class CannedBackend:
     def sync_weights(self, model):
         pass
 
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
     def metrics(self):
         return {}
 

@@ -52,7 +52,13 @@ def box(tmp_path):
     repo, bin_dir = tmp_path / "repo", tmp_path / "bin"
     (repo / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "setup.sh", repo / "scripts" / "setup.sh")
-    for name in ("requirements.txt", "requirements-cpu.txt", "requirements-gpu.txt", "pyproject.toml"):
+    for name in (
+        "requirements.txt",
+        "requirements-cpu.txt",
+        "requirements-gpu.txt",
+        "requirements-extras.txt",
+        "pyproject.toml",
+    ):
         shutil.copy(REPO / name, repo / name)
     bin_dir.mkdir()
     for tool in TOOLS:

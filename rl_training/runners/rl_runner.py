@@ -318,7 +318,6 @@ def train(run: Run, stop: StopOnSignal) -> int:
 
 
 def rl(cfg: Config, info: dist.DistInfo) -> int:
-    require_working_cuda()  # never a silent CPU run on a GPU node
     with StopOnSignal(cfg.run.stop_signal) as stop:  # before setup: a signal during a long setup still counts
         run = setup(cfg, info)
         try:
@@ -341,7 +340,10 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
 
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
-    return run_cli(__doc__, locked(rl, "training run"), argv)  # the run directory's lock, before any write
+    # never a silent CPU run on a GPU node (require_working_cuda), then the run directory's lock, before any write
+    return run_cli(
+        __doc__, locked(rl, "training run", before=require_working_cuda), argv
+    )  # the run directory's lock, before any write
 
 
 if __name__ == "__main__":

@@ -70,7 +70,6 @@ def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype)
 
 
 def sft(cfg, info) -> None:
-    require_working_cuda()  # never a silent CPU run on a GPU node
     resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
     d = derive(cfg, info.world_size)
     s = cfg.sft
@@ -154,7 +153,8 @@ def sft(cfg, info) -> None:
 
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
-    return run_cli(__doc__, locked(sft, "SFT run"), argv)  # the run directory's lock, before any write
+    # never a silent CPU run on a GPU node (require_working_cuda), then the run directory's lock, before any write
+    return run_cli(__doc__, locked(sft, "SFT run", before=require_working_cuda), argv)
 
 
 if __name__ == "__main__":
