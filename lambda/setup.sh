@@ -65,7 +65,7 @@ if [[ ! -d "$fs" ]]; then
 fi
 sudo=()
 [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-[[ $(uname -m) != aarch64 ]] || log "aarch64 (GH200): see lambda/README.md and README \"Clusters and cloud\" for the GPU stack on Arm"
+[[ $(uname -m) != aarch64 ]] || log "aarch64 (GH200): see lambda/README.md and docs/gpu.md (GH200) for the GPU stack on Arm"
 log "arch $(uname -m), persistent filesystem $fs, code in $dir (ref $ref), platform $platform"
 
 # 1. System packages (Lambda Stack already has the NVIDIA driver and CUDA).

@@ -4,13 +4,13 @@
     torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/testconfig.yaml train.total_steps=3
     torchrun --nproc_per_node=1 rl_training/runners/rl_runner.py --cfg cfg/tiny_cpu.yaml ckpt.resume=latest
     python -m rl_training.runners.rl_runner --cfg cfg/testconfig.yaml      # a world of one, no torchrun
-    sbatch scripts/slurm/rl_train.sbatch --cfg cfg/qwen2.5_1.5b_gsm8k.yaml  # SLURM, several nodes (README)
+    sbatch scripts/slurm/rl_train.sbatch --cfg cfg/qwen2.5_1.5b_gsm8k.yaml  # SLURM, several nodes (docs/clusters.md)
 
 Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
 Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
 backend -> in-loop eval every `eval.every` steps (evals/evaluate.py, the code `python -m evals.run` uses)
 -> log -> checkpoint (handed to the background uploader when sync.remote is set). Outputs go to
-run.output_dir/run.name (see README, "Outputs"). On run.stop_signal (SLURM's time-limit warning) every rank
+run.output_dir/run.name (docs/outputs.md). On run.stop_signal (SLURM's time-limit warning) every rank
 checkpoints at the next step and the process exits with status 75; `ckpt.resume=latest` continues the run.
 """
 
