@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rl_training.checkpoint import _fsync_tree
+from rl_training.ckpt_marker import fsync_tree
 from rl_training.rollout.server import ServerClient, ServerError
 
 
@@ -42,7 +42,7 @@ def write_atomic(final: Path, write: Callable[[Path], None]) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     write(tmp)
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final.resolve()

@@ -30,8 +30,10 @@ in the project is in this file:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -47,6 +49,21 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+@contextlib.contextmanager
+def _llvmlite_hidden():
+    """Build the engine with llvmlite's and numba's modules out of sys.modules, then put them back. vLLM 0.32's
+    CPU worker rebinds its Triton kernel overrides by scanning every module's namespace and reads
+    `vars(value).get(...)` of each object with a `__dict__`; llvmlite's `ffi.lib` answers any attribute with a
+    function wrapper, `__dict__` included, and the scan dies ("'_lib_fn_wrapper' object has no attribute
+    'get'"). numba (and so llvmlite) is imported by bm25s, the search tasks' retriever, whenever it is installed:
+    a search run, or any process that imported it first, could not build the engine otherwise."""
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in ("llvmlite", "numba")}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def engine_mapped_bytes() -> int:
@@ -93,7 +110,8 @@ class VLLMBackend:
         if dist_info.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         t0 = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        with _llvmlite_hidden():
+            self.llm = LLM(**kwargs)
         # Layers with nothing of their own to send (rotary embedding; an lm_head tied to the embeddings) make
         # 0.32's layerwise reload warn "Failed to load weights" on every sync while it correctly keeps them.
         # Set after LLM(): vLLM's logging dictConfig resets its child loggers' levels.
