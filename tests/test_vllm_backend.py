@@ -27,7 +27,7 @@ VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]
 @pytest.fixture
 def vllm_run(run_overrides):
     # The engine must build beside the search tasks' BM25 (bm25s imports numba and llvmlite, whose objects broke
-    # vLLM's kernel-override scan of sys.modules: vllm_engine._llvmlite_hidden).
+    # vLLM's kernel-override scan of sys.modules: vllm_engine.llvmlite_hidden).
     import bm25s  # noqa: F401
 
     assert "llvmlite" in sys.modules

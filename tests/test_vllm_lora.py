@@ -46,18 +46,21 @@ def test_checkpoint_adapter_loads_in_vllm_lora(run_overrides, warm_model, tmp_pa
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
+    from rl_training.rollout.vllm_engine import llvmlite_hidden
+
     rank = json.loads((adapter / "adapter_config.json").read_text())["r"]  # 8 in testconfig
-    llm = LLM(
-        model=str(warm_model),
-        dtype="float32",
-        enforce_eager=True,
-        enable_lora=True,
-        max_lora_rank=rank,
-        max_loras=1,
-        kv_cache_memory_bytes=int(0.1 * 2**30),
-        max_model_len=64,
-        seed=0,
-    )
+    with llvmlite_hidden():  # other tests of this process may have imported bm25s (numba): see vllm_engine
+        llm = LLM(
+            model=str(warm_model),
+            dtype="float32",
+            enforce_eager=True,
+            enable_lora=True,
+            max_lora_rank=rank,
+            max_loras=1,
+            kv_cache_memory_bytes=int(0.1 * 2**30),
+            max_model_len=64,
+            seed=0,
+        )
     try:
         params = SamplingParams(temperature=0.0, max_tokens=greedy.max_new_tokens)
         reqs = [{"prompt_token_ids": p} for p in prompts]

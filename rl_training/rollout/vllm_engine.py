@@ -52,7 +52,7 @@ def vllm_available() -> bool:
 
 
 @contextlib.contextmanager
-def _llvmlite_hidden():
+def llvmlite_hidden():
     """Build the engine with llvmlite's and numba's modules out of sys.modules, then put them back. vLLM 0.32's
     CPU worker rebinds its Triton kernel overrides by scanning every module's namespace and reads
     `vars(value).get(...)` of each object with a `__dict__`; llvmlite's `ffi.lib` answers any attribute with a
@@ -110,7 +110,7 @@ class VLLMBackend:
         if dist_info.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         t0 = time.perf_counter()
-        with _llvmlite_hidden():
+        with llvmlite_hidden():
             self.llm = LLM(**kwargs)
         # Layers with nothing of their own to send (rotary embedding; an lm_head tied to the embeddings) make
         # 0.32's layerwise reload warn "Failed to load weights" on every sync while it correctly keeps them.
