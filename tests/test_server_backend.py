@@ -167,6 +167,10 @@ def test_server_matches_colocated_vllm(server_overrides, run_overrides, tmp_path
         assert b["rollout/logp_diff_mean"] < 1e-3 and a["rollout/logp_diff_mean"] < 1e-3
 
 
+# Passes alone; in two full-suite runs rank 1 died with SIGABRT ("terminate called without an active exception")
+# right after loading its model, before any Python error: not yet understood (issue 19). Non-strict xfail keeps it
+# running and reported (XPASS / XFAIL) without failing the suite until the cause is found.
+@pytest.mark.xfail(strict=False, reason="rank 1 SIGABRT at setup in full-suite runs only; issue 19")
 def test_two_ranks_on_one_server(server_overrides, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
            str(REPO / "rl_training" / "runners" / "rl_runner.py"), "--cfg", TESTCFG, *server_overrides,
