@@ -385,16 +385,22 @@ def score_completions(task: Task, completions: Sequence[str], examples: Sequence
         except Exception:  # noqa: BLE001 -- a user reward may raise anything; it must never stop the run
             errors += 1
         if out is not _NO_RESULT:
-            try:
-                r = float(out)
-            except (TypeError, ValueError):
-                r = float("nan")
-            if not math.isfinite(r):
-                invalid, r = invalid + 1, 0.0
+            checked = _finite_reward(out)
+            invalid += checked is None
+            r = checked or 0.0
         rewards.append(r)
         correct.append(r >= task.correct_threshold)
         formatted.append(bool(_guarded(lambda c=c: task.has_answer(c), timeout_s, False)))  # raising = unformatted
     return Scores(rewards, correct, formatted, errors, timeouts, invalid)
+
+
+def _finite_reward(out) -> float | None:
+    """A grader's return value as a finite float; None when it is not one (scored 0 and counted invalid)."""
+    try:
+        r = float(out)
+    except (TypeError, ValueError):
+        return None
+    return r if math.isfinite(r) else None
 
 
 def _score_batch(task: Task, completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
@@ -417,15 +423,8 @@ def _score_batch(task: Task, completions: Sequence[str], examples: Sequence[Exam
             parts={k: [0.0] * n for k in task.part_names},
             counts=dict.fromkeys(task.count_names, 0.0),
         )
-    rewards, invalid = [], s.invalid
-    for out in s.rewards:
-        try:
-            r = float(out)
-        except (TypeError, ValueError):
-            r = float("nan")
-        if not math.isfinite(r):
-            invalid, r = invalid + 1, 0.0
-        rewards.append(r)
+    checked = [_finite_reward(out) for out in s.rewards]
+    rewards, invalid = [r or 0.0 for r in checked], s.invalid + sum(r is None for r in checked)
     correct = [r >= task.correct_threshold for r in rewards]
     parts = {k: [float(x) for x in s.parts.get(k, [0.0] * n)] for k in task.part_names}
     counts = {k: float(s.counts.get(k, 0.0)) for k in task.count_names}
