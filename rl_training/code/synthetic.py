@@ -1,10 +1,11 @@
 """A synthetic program-synthesis task the tiny model can learn on CPU, in the `humaneval` format.
 
 The prompt shows a function `f(x)` of a short lowercase string only through two input/output examples and
-ends at `return `; the completion is the expression (one or two string operations chained, e.g.
-`x[::-1].upper()`). The tests call the function on four other strings, so a pass means the expression
-behaves right on inputs the prompt did not show; they run in the sandbox like any code task. Train and
-held-out splits are disjoint sets of (program, examples) prompts drawn from a fixed seed.
+ends at `return `; the completion is an expression in `x`, one of 12: reversed or not, uppercased or not,
+with a 'z' added after, before or not at all, e.g. `'z' + x[::-1].upper()`. The tests call the function on
+four other strings, so a pass means the expression behaves right on inputs the prompt did not show (an
+answer that hard-codes the examples fails); they run in the sandbox like any code task. Train and held-out
+splits are disjoint sets of prompts drawn from a fixed seed.
 
     python scripts/make_code_data.py --out data/code_synth
 """
@@ -15,13 +16,15 @@ import json
 import random
 from pathlib import Path
 
-# Chainable operations on a string; each keeps it a non-empty string for the lengths used (4-6 letters).
-OPS = ("[::-1]", ".upper()", "[1:]", "[:-1]", "[::2]", ".title()")
-PROGRAMS = tuple(f"x{a}" for a in OPS) + tuple(f"x{a}{b}" for a in OPS for b in OPS if a != b)
+# The expression is one choice per feature: how visible a feature is in the examples sets how fast the model
+# learns it (uppercase and the 'z' affix at a glance; reversal only by comparing letters' positions).
+FEATURES = (("", "[::-1]"), ("", ".upper()"), ("{} + 'z'", "'z' + {}", "{}"))
+PROGRAMS = tuple(affix.format(f"x{rev}{case}") for rev in FEATURES[0] for case in FEATURES[1] for affix in FEATURES[2])
+INPUT_LETTERS = "abcdefghijklmnop"
 
 
 def _word(rng: random.Random) -> str:
-    return "".join(rng.choice("abcdefghijklmnop") for _ in range(rng.randint(4, 6)))
+    return "".join(rng.choice(INPUT_LETTERS) for _ in range(rng.randint(4, 6)))
 
 
 def _apply(expr: str, x: str) -> str:
