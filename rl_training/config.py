@@ -242,6 +242,17 @@ class TrainCfg:
     max_consecutive_skips: int = _f(
         3, "Stop the run after this many optimizer steps in a row skipped for a non-finite reward/loss/grad.", ge=1
     )
+    pack_sequences: bool = _f(
+        False,
+        "Run the model on each micro-batch's sequences packed end to end without padding (position ids, "
+        "block-diagonal attention; rl_training/packing.py); same log-probs, loss and gradient as padded.",
+    )
+    pack_row_tokens: int = _f(
+        0,
+        "Width of a packed row in tokens; 0 = the micro-batch's longest sequence (bin packing, for sdpa/eager "
+        "on CPU); large = one row (flash-attention varlen on GPU).",
+        ge=0,
+    )
 
 
 @dataclass
@@ -254,6 +265,12 @@ class LossCfg:
     )
     clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
+    kl_log_every: int = _f(
+        10,
+        "With kl_coef = 0 the reference forward only measures train/kl: run it on every this many steps (the "
+        "first included), train/kl logged on those steps only; 0 = never. With kl_coef > 0 it runs every step.",
+        ge=0,
+    )
     kl_estimator: Literal["k1", "k3"] = _f(
         "k3",
         "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(w k1) grad log pi, w = pi/pi_old x the TIS "

@@ -81,7 +81,7 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
 
 # --------------------------------------------------------------------------------------------- workers
 # Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
-def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path):
+def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path, extra: list[str] = ()):
     from rl_training import dist
     from rl_training.config import load_config
     from rl_training.runners.rl_runner import rl_step, setup
@@ -115,6 +115,7 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         f"run.name=ours_{backend}_{int(probes)}",
         "run.tensorboard=false",
         "run.progress_bar=false",
+        *extra,
     ]
     run = setup(load_config(None, over), dist.init_distributed())
     state = {"step": 0}

@@ -151,7 +151,7 @@ class StepProbes:
                 self.micro_cap.arm()
                 armed.append(self.micro_cap)
             if self.unit_cap:
-                self.unit_cap.arm(len(mb.group_ids))
+                self.unit_cap.arm(len(mb.group_ids), None if mb.packed is None else mb.packed.group_tokens)
                 armed.append(self.unit_cap)
         try:
             yield
