@@ -290,6 +290,12 @@ class ProbeCfg:
         "GNS small-gradient levels: micro, rank (nearly free), unit (exact per prompt group, costs about one "
         "more LoRA weight-gradient pass); unidentifiable levels (one micro-batch, one rank) are dropped.",
     )
+    unit_every: int = _f(
+        4,
+        "The unit level measures on every this many steps only (its per-group norms cost about one more LoRA "
+        "weight-gradient pass); its EMA skips the other steps. micro and rank measure every step.",
+        ge=1,
+    )
     gns_ema_beta: float = _f(
         0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999
     )

@@ -93,7 +93,8 @@ def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: 
         levels = ["unit"]
         dist.print0(
             "probe: none of probe.gns_levels can be identified with one micro-batch per step on one "
-            "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass)"
+            "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass, on "
+            "every probe.unit_every-th step)"
         )
     return levels
 
@@ -113,6 +114,7 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
         micro_batch_groups=cfg.train.micro_batch_groups,
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
+        unit_every=cfg.probe.unit_every,
     )
     state = resumed.get("probes") or ({"gns": resumed["gns"]} if resumed.get("gns") else None)  # older: gns only
     if state:
@@ -228,7 +230,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
         if run.probes is not None:
-            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
+            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids], step)
         hp = run.hp.for_step(step)
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hp, norm, run.probes)
     with timer("sync"):
