@@ -193,6 +193,12 @@ class VllmCfg:
         ge=0,
     )
     enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
+    weight_sync: Literal["merge", "lora"] = _f(
+        "merge",
+        "How the colocated engine gets new weights: merge (the LoRA delta merged into every targeted weight, "
+        "pushed in place) or lora (the adapter itself, from a tmpfs dir, through vLLM's LoRA path: a sync that "
+        "does not grow with the base model, paid for by LoRA kernels in every decode step). docs/benchmarks.md.",
+    )
     sleep: bool = _f(True, "Sleep while the trainer runs, on CUDA; the engine stays awake on CPU.")
     sleep_level: int = _f(
         2,
