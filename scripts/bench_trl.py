@@ -130,6 +130,7 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k not in skip}
         return dt, m["rollout/response_len_mean"] * PROMPTS * GROUP, phases
 
+    step.run = run  # for scripts that time the backend directly (bench_sync.py)
     return step
 
 
