@@ -193,6 +193,12 @@ class VllmCfg:
         ge=0,
     )
     enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
+    weight_sync: Literal["merge", "lora"] = _f(
+        "merge",
+        "How the colocated engine gets new weights: merge (the LoRA delta merged into every targeted weight, "
+        "pushed in place) or lora (the adapter itself, from a tmpfs dir, through vLLM's LoRA path: a sync that "
+        "does not grow with the base model, paid for by LoRA kernels in every decode step). docs/benchmarks.md.",
+    )
     sleep: bool = _f(True, "Sleep while the trainer runs, on CUDA; the engine stays awake on CPU.")
     sleep_level: int = _f(
         2,
@@ -242,6 +248,17 @@ class TrainCfg:
     max_consecutive_skips: int = _f(
         3, "Stop the run after this many optimizer steps in a row skipped for a non-finite reward/loss/grad.", ge=1
     )
+    pack_sequences: bool = _f(
+        False,
+        "Run the model on each micro-batch's sequences packed end to end without padding (position ids, "
+        "block-diagonal attention; rl_training/packing.py); same log-probs, loss and gradient as padded.",
+    )
+    pack_row_tokens: int = _f(
+        0,
+        "Width of a packed row in tokens; 0 = the micro-batch's longest sequence (bin packing, for sdpa/eager "
+        "on CPU); large = one row (flash-attention varlen on GPU).",
+        ge=0,
+    )
 
 
 @dataclass
@@ -254,6 +271,12 @@ class LossCfg:
     )
     clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
+    kl_log_every: int = _f(
+        10,
+        "With kl_coef = 0 the reference forward only measures train/kl: run it on every this many steps (the "
+        "first included), train/kl logged on those steps only; 0 = never. With kl_coef > 0 it runs every step.",
+        ge=0,
+    )
     kl_estimator: Literal["k1", "k3"] = _f(
         "k3",
         "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(w k1) grad log pi, w = pi/pi_old x the TIS "
@@ -272,6 +295,12 @@ class ProbeCfg:
         ["micro", "rank"],
         "GNS small-gradient levels: micro, rank (nearly free), unit (exact per prompt group, costs about one "
         "more LoRA weight-gradient pass); unidentifiable levels (one micro-batch, one rank) are dropped.",
+    )
+    unit_every: int = _f(
+        4,
+        "The unit level measures on every this many steps only (its per-group norms cost about one more LoRA "
+        "weight-gradient pass); its EMA skips the other steps. micro and rank measure every step.",
+        ge=1,
     )
     gns_ema_beta: float = _f(
         0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999

@@ -129,12 +129,13 @@ def step_metrics(
         "train/grad_norm": sums["grad_norm"] / world,  # identical on every rank after the all-reduce
         "train/lr": lr,
         "train/clip_frac": sums["clipped"] / (tok * stats.epochs),
-        "train/kl": sums["kl"] / tok,
         "train/entropy": sums["entropy"] / tok,
         "perf/step_s": step_time,
         "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
         "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
     }
+    if stats.kl_measured:  # steps without the reference forward (loss.kl_log_every) log no KL, not a 0
+        out["train/kl"] = sums["kl"] / tok
     out.update({f"reward/{k}_mean": sums[f"part_{k}"] / n for k in scores.parts})
     out.update({f"reward/{k}": sums[f"count_{k}"] for k in scores.counts})
     out.update({f"perf/{k}_s": maxes[f"t_{k}"] for k in timer.seconds})

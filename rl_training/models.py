@@ -132,13 +132,17 @@ def merged_hf_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's current weights in the base model's HF names, each LoRA delta merged in (lazily).
 
     `model` is the peft model; nothing is modified. Tied weights appear once (as the HF state dict would
-    list them for loading). Used to push the trained policy into a rollout engine.
+    list them for loading). Used to push the trained policy into a rollout engine. The merges are computed
+    together up front (one baddbmm per weight shape), then yielded one by one.
     """
     from peft.tuners.lora import LoraLayer
+
+    from rl_training.lora_merge import merged_weights
 
     base = model.get_base_model()
     adapter = model.active_adapter
     lora_modules = {n: m for n, m in base.named_modules() if isinstance(m, LoraLayer)}
+    merged = merged_weights(lora_modules, adapter)  # batched by shape (lora_merge.py); one dict of views
     for name, p in base.named_parameters():
         if "lora_" in name:
             continue
@@ -146,8 +150,9 @@ def merged_hf_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, p.detach()
             continue
         module_name, leaf = name.split(".base_layer.")
-        layer = lora_modules[module_name]
-        w = p.detach()
-        if leaf == "weight" and adapter in layer.lora_A and not layer.disable_adapters:
-            w = w + layer.get_delta_weight(adapter).to(w.dtype)
+        layer, w = lora_modules[module_name], p.detach()
+        if leaf == "weight" and module_name in merged:
+            w = merged[module_name]
+        elif leaf == "weight" and adapter in layer.lora_A and not layer.disable_adapters:
+            w = w + layer.get_delta_weight(adapter).to(w.dtype)  # one at a time: a model too big to batch
         yield f"{module_name}.{leaf}", w

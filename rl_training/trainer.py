@@ -27,6 +27,7 @@ from rl_training.algs.objectives import (
     batch_std_scale,
     policy_loss,
 )
+from rl_training.packing import PackedRows, pack_sequences, packed_to
 from rl_training.rollout.base import Rollouts
 from rl_training.step_guard import nonfinite_agreed
 
@@ -41,9 +42,19 @@ class MicroBatch:
     rollout_logp: torch.Tensor  # [B,T-1] sampler log-probs aligned with `mask`, 0 elsewhere
     group_ids: list[int]  # [B/G] indices of the groups in this micro-batch
     n_units: int = 0  # groups of the micro-batch before zero-advantage groups were dropped (>= len(group_ids))
+    packed: PackedRows | None = None  # the same sequences without padding (train.pack_sequences); the model runs on it
 
     def __post_init__(self):
         self.n_units = self.n_units or len(self.group_ids)
+
+    @property
+    def row_targets(self) -> torch.Tensor:
+        """The targets of the rows the model runs on: [B,T-1] padded, [R,W-1] packed."""
+        return self.targets if self.packed is None else self.packed.targets
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-position values of the rows the model ran on -> the padded [B,T-1] layout."""
+        return x if self.packed is None else self.packed.unpack(x)
 
 
 def make_micro_batches(
@@ -55,13 +66,16 @@ def make_micro_batches(
     device: torch.device,
     drop_zero_adv_groups: bool = False,
     extra_pad: int = 0,
+    pack_row_tokens: int | None = None,
 ) -> list[MicroBatch]:
     """Pack whole prompt groups into micro-batches (a group is never split).
 
     The partition into micro-batches is fixed first (consecutive blocks of the rollout order, which is the
     seeded prompt order); dropping zero-advantage groups then removes them inside their block, and a block
     left empty is not returned. Dropping never re-packs across blocks: the micro-level GNS needs each
-    micro-batch to be a random block of units, whatever their advantages (`n_units` keeps its full size)."""
+    micro-batch to be a random block of units, whatever their advantages (`n_units` keeps its full size).
+    `pack_row_tokens` not None: each micro-batch also carries its sequences packed without padding into rows
+    of max(pack_row_tokens, longest sequence) tokens (rl_training/packing.py), which the model then runs on."""
     n_groups = len(rollouts) // group_size
     zero = zero_adv_groups(advantages, group_size)
     out = []
@@ -73,17 +87,22 @@ def make_micro_batches(
         rows = [g * group_size + i for g in gids for i in range(group_size)]
         seqs = [rollouts.prompt_ids[r] + rollouts.completion_ids[r] for r in rows]
         width = max(len(x) for x in seqs) + extra_pad
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width - 1))
-        rlogp = torch.zeros((len(rows), width - 1))
-        for b, r in enumerate(rows):
+        # Python lists, one tensor each: per-row tensor construction and slicing dominated this function
+        ids_l = [x + [pad_id] * (width - len(x)) for x in seqs]
+        attn_l = [[1] * len(x) + [0] * (width - len(x)) for x in seqs]
+        mask_l, rlogp_l = [], []
+        for r in rows:
             p, c = len(rollouts.prompt_ids[r]), len(rollouts.completion_ids[r])
-            ids[b, : p + c] = torch.tensor(seqs[b])
-            attn[b, : p + c] = 1
             # position t predicts token t+1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
-            mask[b, p - 1 : p + c - 1] = 1
-            rlogp[b, p - 1 : p + c - 1] = torch.tensor(rollouts.logprobs[r][:c])
+            mask_l.append([0.0] * (p - 1) + [1.0] * c + [0.0] * (width - p - c))
+            rlogp_l.append([0.0] * (p - 1) + list(rollouts.logprobs[r][:c]) + [0.0] * (width - p - c))
+        ids = torch.tensor(ids_l, dtype=torch.long)
+        attn = torch.tensor(attn_l, dtype=torch.long)
+        mask = torch.tensor(mask_l)
+        rlogp = torch.tensor(rlogp_l)
+        packed = None
+        if pack_row_tokens is not None:
+            packed = packed_to(pack_sequences(seqs, group_size, pad_id, pack_row_tokens, width), device)
         out.append(
             MicroBatch(
                 input_ids=ids.to(device),
@@ -94,12 +113,18 @@ def make_micro_batches(
                 rollout_logp=rlogp.to(device),
                 group_ids=gids,
                 n_units=len(block),
+                packed=packed,
             )
         )
     return out
 
 
 def forward_logits(model, mb: MicroBatch) -> torch.Tensor:
+    """Logits of the rows the model runs on, last position dropped: [B,T-1,V] padded, [R,W-1,V] packed (no
+    attention mask: transformers builds the block-diagonal causal mask from the restarting position ids)."""
+    if mb.packed is not None:
+        p = mb.packed
+        return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[:, :-1]
 
 
@@ -113,7 +138,8 @@ class UpdateHParams:
     clip_high: float = 0.2
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = KL_ESTIMATORS["k3"]
-    log_kl: bool = True  # compute the reference forward to log KL even when kl_coef == 0
+    log_kl: bool = True  # this step runs the reference forward to log KL even when kl_coef == 0 (see for_step)
+    kl_log_every: int = 1  # with kl_coef == 0, the steps that do: step % kl_log_every == 0 (0 = none)
     temperature: float = 1.0
     max_grad_norm: float = 1.0  # 0 = no clipping
     tis_cap: float = 0.0  # truncated importance sampling cap; 0 = off
@@ -131,7 +157,18 @@ class UpdateHParams:
             temperature=cfg.rollout.temperature,
             max_grad_norm=cfg.optim.max_grad_norm,
             tis_cap=cfg.loss.tis_cap,
+            kl_log_every=cfg.loss.kl_log_every,
         )
+
+    def for_step(self, step: int) -> UpdateHParams:
+        """This step's hyper-parameters: whether its reference forward runs when only train/kl needs it (the
+        no-grad forward with the adapter disabled cost ~15% of a step on the tiny model; docs/benchmarks.md)."""
+        log_kl = self.kl_coef > 0 or (self.kl_log_every > 0 and step % self.kl_log_every == 0)
+        return self if log_kl == self.log_kl else dataclasses.replace(self, log_kl=log_kl)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0 or self.log_kl
 
 
 def resolve_objective(cfg) -> Objective:
@@ -175,6 +212,7 @@ class TrainStats:
     is_truncated: float = 0.0  # tokens with rho > tis_cap (0 when TIS is off)
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
+    kl_measured: bool = True  # the reference forward ran this step (kl_sum is a measurement, not a 0 default)
     skipped: tuple[str, ...] = ()  # non-finite quantities that skipped this update (agreed over ranks)
     # rollout row -> mean |trainer - sampler| log-prob over its completion tokens, epoch 0 (rows of dropped
     # zero-advantage groups are absent): the per-sample canary the rollout samples show
@@ -186,11 +224,11 @@ class DeviceStats:
     asynchronous kernel, and `to_stats` copies everything to the host once per step (one sync, not several
     `.item()` calls per micro-batch)."""
 
-    def __init__(self, device: torch.device, epochs: int):
-        host_only = ("epochs", "skipped", "seq_logp_gap")
+    def __init__(self, device: torch.device, epochs: int, kl_measured: bool = True):
+        host_only = ("epochs", "kl_measured", "skipped", "seq_logp_gap")
         names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in host_only]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
-        self.epochs = epochs
+        self.epochs, self.kl_measured = epochs, kl_measured
         self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
         self.seq_gaps: list[tuple[list[int], torch.Tensor]] = []  # (rollout rows, [rows] gap) per micro-batch
 
@@ -214,6 +252,7 @@ class DeviceStats:
         return TrainStats(
             **dict(zip(names, values[: len(names)], strict=True)),
             epochs=self.epochs,
+            kl_measured=self.kl_measured,
             skipped=self.skipped,
             seq_logp_gap=dict(zip(rows, values[len(names) :], strict=True)),
         )
@@ -268,7 +307,9 @@ def reference_logprobs(model, micro_batches: list[MicroBatch], temperature: floa
     if not needed:
         return [None] * len(micro_batches)
     with model.disable_adapter():
-        return [token_logprobs(forward_logits(model, mb), mb.targets, temperature) for mb in micro_batches]
+        return [
+            mb.unpack(token_logprobs(forward_logits(model, mb), mb.row_targets, temperature)) for mb in micro_batches
+        ]
 
 
 def train_on_rollouts(
@@ -290,18 +331,19 @@ def train_on_rollouts(
 def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes) -> TrainStats:
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
-    ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.kl_coef > 0 or hp.log_kl)
-    s = DeviceStats(params[0].device, hp.inner_epochs)
+    ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.needs_reference)
+    s = DeviceStats(params[0].device, hp.inner_epochs, hp.needs_reference)
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
             with probes.micro(mb) if probes is not None and epoch == 0 else nullcontext():
                 logits = forward_logits(model, mb)
-                logp = token_logprobs(logits, mb.targets, hp.temperature)
+                logp = mb.unpack(token_logprobs(logits, mb.row_targets, hp.temperature))
                 if epoch == 0:
                     old_logps.append(logp.detach())
                     is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
-                    s.add("entropy_sum", (token_entropy(logits.detach(), hp.temperature) * mb.mask).sum())
+                    entropy = mb.unpack(token_entropy(logits.detach(), hp.temperature))
+                    s.add("entropy_sum", (entropy * mb.mask).sum())
                 del logits  # else they would outlive backward, into the next micro-batch's forward
                 out = policy_loss(
                     hp.objective,

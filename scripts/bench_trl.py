@@ -3,6 +3,7 @@
     make bench-trl                                    # sets up .venv-trl (TRL, optional) and runs this
     .venv-trl/bin/python scripts/bench_trl.py [--steps 20 --block 5 --warmup 3] [--points short,long]
         [--contenders trl,ours-vllm,ours-hf,ours-hf-noprobe,floor] [--out bench_results/bench_trl.json]
+        (also ours-hf-pack / ours-vllm-pack: with train.pack_sequences=true)
 
 The work (issue 21): Dr-GRPO (TRL: loss_type="dr_grpo", scale_rewards="none", beta=0), LoRA r=8 alpha=16
 dropout 0 on q,k,v,o,gate,up,down, AdamW lr 1e-4 constant, grad-norm clip 1.0, 16 prompts x 8 completions per
@@ -81,7 +82,7 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
 
 # --------------------------------------------------------------------------------------------- workers
 # Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
-def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path):
+def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path, extra: list[str] = ()):
     from rl_training import dist
     from rl_training.config import load_config
     from rl_training.runners.rl_runner import rl_step, setup
@@ -115,6 +116,7 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         f"run.name=ours_{backend}_{int(probes)}",
         "run.tensorboard=false",
         "run.progress_bar=false",
+        *extra,
     ]
     run = setup(load_config(None, over), dist.init_distributed())
     state = {"step": 0}
@@ -124,9 +126,11 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         m = rl_step(run, state["step"])
         dt = time.perf_counter() - t0
         state["step"] += 1
-        phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k != "perf/step_s"}
+        skip = ("perf/step_s", "perf/tokens_per_s", "perf/gen_tokens_per_s")  # not phases
+        phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k not in skip}
         return dt, m["rollout/response_len_mean"] * PROMPTS * GROUP, phases
 
+    step.run = run  # for scripts that time the backend directly (bench_sync.py)
     return step
 
 
@@ -289,8 +293,9 @@ def worker_main(name: str, point: str, work: Path) -> None:
     if name == "floor":
         step = floor(model, data, spec["max_new"])
     else:
-        backend = "vllm" if name == "ours-vllm" else "hf"
-        step = ours(model, data, spec["max_new"], backend, probes=name != "ours-hf-noprobe", out=out)
+        backend = "vllm" if name.startswith("ours-vllm") else "hf"
+        extra = ["train.pack_sequences=true"] if name.endswith("-pack") else []  # padding-free micro-batches
+        step = ours(model, data, spec["max_new"], backend, probes=name != "ours-hf-noprobe", out=out, extra=extra)
     reply({"ready": True})
     while (k := commands()) is not None:
         rows = [step() for _ in range(k)]

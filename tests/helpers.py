@@ -54,12 +54,16 @@ def grads_after(
     epochs=1,
     objective="dr_grpo",
     tis_cap=0.0,
+    pack_row_tokens=None,
+    probes=None,
 ):
     """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the stats."""
     params = trainable_parameters(model)
     opt = torch.optim.SGD(params, lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    mbs = make_micro_batches(rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad)
+    mbs = make_micro_batches(
+        rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad, pack_row_tokens
+    )
     o = OBJECTIVES[objective]
     hp = UpdateHParams(
         objective=o,
@@ -71,5 +75,5 @@ def grads_after(
         tis_cap=tis_cap,
     )
     norm = StepNorm(seqs=len(rollouts), tokens=sum(len(c) for c in rollouts.completion_ids), max_new_tokens=8)
-    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
+    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, probes)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats

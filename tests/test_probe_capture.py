@@ -365,3 +365,36 @@ def test_the_meta_guard_catches_a_cpu_tensor(monkeypatch):
     monkeypatch.setattr(StepProbes, "_local_group_ness", old_group_ness)
     with pytest.raises(AssertionError, match="failures"):
         test_probe_tensor_code_keeps_to_the_training_device(monkeypatch)
+
+
+def test_unit_level_measures_every_unit_every_steps_only(setup):
+    """unit_every = 2: steps 0 and 2 update the unit level's EMA (t counts its updates), step 1 neither updates
+    it nor counts it as skipped, and its raw values are absent; the micro level updates on all three steps."""
+    model, ro, adv, norm = setup
+    params = trainable_parameters(model)
+    probes = StepProbes(
+        model,
+        params,
+        levels=["unit", "micro"],
+        ema_beta=0.9,
+        units_per_step=N_GROUPS,
+        world_size=1,
+        micro_batch_groups=2,
+        device=torch.device("cpu"),
+        unit_every=2,
+    )
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    seen = []
+    try:
+        for step in range(3):
+            mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
+            probes.begin_step(G, adv, [len(c) for c in ro.completion_ids], step)
+            train_on_rollouts(model, opt, sched, params, mbs, UpdateHParams(max_grad_norm=0.0), norm, probes)
+            m = probes.metrics()
+            lv = probes.tracker.levels
+            seen.append((lv["unit"].t, lv["unit"].skipped, lv["micro"].t, probes.tracker.last["unit"] is None))
+            assert m["probe/gns/hook_errors"] == 0
+    finally:
+        probes.remove_hooks()
+    assert seen == [(1, 0, 1, False), (1, 0, 2, True), (2, 0, 3, False)]

@@ -86,7 +86,6 @@ def test_torchrun_three_steps_then_resume(run_overrides, tmp_path):
         "train/grad_norm",
         "train/lr",
         "train/clip_frac",
-        "train/kl",
         "train/entropy",
         "perf/generate_s",
         "perf/score_s",
@@ -100,6 +99,10 @@ def test_torchrun_three_steps_then_resume(run_overrides, tmp_path):
         assert key in m and m[key] == m[key], key  # present and not NaN
     # The HF backend samples from the trainer's own weights: the canary must be at float32 noise level.
     assert m["rollout/logp_diff_mean"] < 1e-4
+    # kl_coef = 0: the reference forward (train/kl) runs on steps 0, 10, ... (loss.kl_log_every = 10), so
+    # train/kl is logged at step 1 (a real number: >= 0 for k3) and absent, not 0, at steps 2 and 3.
+    kl = [r.get("train/kl") for r in read_metrics(run_dir)]
+    assert kl[0] is not None and kl[0] >= 0 and kl[1:] == [None, None]
 
     # Resume to 5: the same run directory and TensorBoard log, trained up to total_steps, not 5 more.
     r = torchrun(["--cfg", TESTCFG, *run_overrides, "train.total_steps=5", "ckpt.resume=latest"], cwd=tmp_path)

@@ -233,3 +233,34 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
             ((token_logprobs(forward_logits(policy, mb), mb.targets) + 1.0).abs() * mb.mask).sum().item() for mb in mbs
         )
     assert stats.logp_absdiff_sum == pytest.approx(expected, rel=1e-12)
+
+
+def test_reference_forward_runs_only_on_kl_log_steps():
+    """kl_coef = 0: the reference forward (only for train/kl) runs on steps 0, k, 2k, ...; kl_coef > 0: always."""
+    from rl_training.trainer import UpdateHParams
+
+    hp = UpdateHParams(kl_log_every=10)
+    assert [s for s in range(25) if hp.for_step(s).needs_reference] == [0, 10, 20]
+    assert not any(UpdateHParams(kl_log_every=0).for_step(s).needs_reference for s in range(25))
+    assert all(UpdateHParams(kl_coef=0.1, kl_log_every=0).for_step(s).needs_reference for s in range(25))
+
+
+def test_skipped_reference_forward_leaves_kl_unmeasured(policy):
+    import dataclasses
+
+    from rl_training.trainer import UpdateHParams, train_on_rollouts
+
+    ro = fake_rollouts(2)
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64)
+    params = trainable_parameters(policy)
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    hp = dataclasses.replace(UpdateHParams(kl_log_every=10), max_grad_norm=0.0)
+    mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
+    on = train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(0), norm)
+    off = train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(1), norm)
+    # the random LoRA B makes policy != reference: a measured k3 KL is > 0; unmeasured it is flagged, not logged
+    assert on.kl_measured and on.kl_sum > 1e-6
+    assert not off.kl_measured and off.kl_sum == 0.0
+    assert off.loss == pytest.approx(on.loss, rel=1e-12)  # kl_coef = 0: the loss does not depend on it

@@ -67,6 +67,13 @@ class MicroGradCapture:
             h.remove()
 
 
+def _gather_groups(t: torch.Tensor, group_tokens: torch.Tensor) -> torch.Tensor:
+    """[L, R, W, F] packed activations -> [L, n_groups * Tg, F] group by group; index R*W picks a zero row."""
+    flat = t.reshape(t.shape[0], -1, t.shape[-1])
+    flat = torch.cat([flat, flat.new_zeros(flat.shape[0], 1, flat.shape[-1])], 1)
+    return flat[:, group_tokens.reshape(-1)]
+
+
 def lora_module_pairs(model) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
     """(lora_A, lora_B) Linear modules of every active adapter in a peft model."""
     from peft.tuners.lora import LoraLayer
@@ -97,6 +104,7 @@ class LoraUnitCapture:
         self.error: BaseException | None = None  # an exception inside a hook or the flush, for the caller
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_bytes = 0
+        self._group_tokens: torch.Tensor | None = None
         self._handles = []
         for a, b in self.pairs:
             self._handles.append(a.register_forward_hook(self._on_forward))
@@ -123,7 +131,7 @@ class LoraUnitCapture:
 
     def _flush(self) -> None:
         """Per-group squared norms of every pending weight gradient, one batched bmm per shape."""
-        n = self._groups
+        n, gather = self._groups, self._group_tokens
         by_shape: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for g, x in self._pending:
             by_shape.setdefault((tuple(g.shape), tuple(x.shape), g.dtype), []).append((g, x))
@@ -133,14 +141,19 @@ class LoraUnitCapture:
             if g.dtype in (torch.float16, torch.bfloat16):
                 g, x = g.float(), x.float()
             L = g.shape[0]
+            if gather is not None:  # packed rows: each group's tokens gathered, a zero row for its padding
+                g, x = _gather_groups(g, gather), _gather_groups(x, gather)
             g = g.reshape(L * n, -1, g.shape[-1])  # rows are group by group: each group's G*T positions
             x = x.reshape(L * n, -1, x.shape[-1])
             per_group = torch.bmm(g.transpose(1, 2), x)  # [L*n, out, in]
             self._acc += torch.linalg.vector_norm(per_group, dim=(1, 2)).square().view(L, n).sum(0)
         self._pending, self._pending_bytes = [], 0
 
-    def arm(self, n_groups: int) -> None:
-        """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups."""
+    def arm(self, n_groups: int, group_tokens: torch.Tensor | None = None) -> None:
+        """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups, its rows
+        group by group, or packed: `group_tokens` [n_groups, Tg] flat row positions of each group's tokens
+        (PackedRows.group_tokens; R*W = none)."""
+        self._group_tokens = group_tokens
         self._acc = torch.zeros(n_groups, dtype=torch.float64, device=next(self.pairs[0][0].parameters()).device)
         self._groups = n_groups
         self.forwards = self.backwards = 0
@@ -156,8 +169,8 @@ class LoraUnitCapture:
             self._pending, self._pending_bytes = [], 0
 
     @contextmanager
-    def capture(self, n_groups: int):
-        self.arm(n_groups)
+    def capture(self, n_groups: int, group_tokens: torch.Tensor | None = None):
+        self.arm(n_groups, group_tokens)
         try:
             yield self
         finally:

@@ -76,8 +76,14 @@ class StepProbes:
         micro_batch_groups: int,
         device: torch.device,
         step_time: tuple[float, float] = (0.0, 0.0),
+        unit_every: int = 1,
     ):
         self.levels = [lv for lv in LEVELS if lv in levels]
+        # The unit level's exact per-group norms cost about one more LoRA weight-gradient pass (13% of a tiny
+        # model's step): it measures on steps step % unit_every == 0 only; its EMA skips the others (not
+        # counted as skipped steps). The micro and rank levels are nearly free and measure every step.
+        self.unit_every = unit_every
+        self.unit_on = "unit" in self.levels
         self.params, self.device = params, torch.device(device)
         self.units, self.world = units_per_step, world_size
         self.multiple = world_size * micro_batch_groups
@@ -125,10 +131,13 @@ class StepProbes:
         self.log_rho_all: list[torch.Tensor] = []
         self.seq_log_w: list[torch.Tensor] = []
 
-    def begin_step(self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int]) -> None:
+    def begin_step(
+        self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0
+    ) -> None:
         """`advantages` [n_seq] and `completion_lengths` [n_seq]: all of this rank's sequences, group by group,
-        including the groups that zero-advantage dropping will skip."""
+        including the groups that zero-advantage dropping will skip. `step`: the RL step (unit_every's cadence)."""
         self.guard.step_failed = False
+        self.unit_on = "unit" in self.levels and step % self.unit_every == 0
         with self.guard("begin_step"):
             self._reset(group_size, completion_lengths)
             zero = zero_adv_groups(advantages.detach().to(self.device), group_size)
@@ -150,8 +159,9 @@ class StepProbes:
             if self.micro_cap:
                 self.micro_cap.arm()
                 armed.append(self.micro_cap)
-            if self.unit_cap:
-                self.unit_cap.arm(len(mb.group_ids))
+            if self.unit_cap and self.unit_on:
+                packed = getattr(mb, "packed", None)  # PackedRows of a padding-free micro-batch
+                self.unit_cap.arm(len(mb.group_ids), None if packed is None else packed.group_tokens)
                 armed.append(self.unit_cap)
         try:
             yield
@@ -176,14 +186,14 @@ class StepProbes:
         if self.micro_cap and self.micro_cap.calls != len(self.params):
             self.hook_errors += 1
             self.broken.add("micro")
-        if self.unit_cap and not self.unit_cap.hooks_ok:
+        if self.unit_cap and self.unit_on and not self.unit_cap.hooks_ok:
             self.hook_errors += 1
             self.broken.add("unit")
         if self.micro_cap:
             # dropped groups of the block are units with a zero gradient: they count in the block's mean
             g2 = (scale / n_block) ** 2 * self.micro_cap.sq_norm
             self._add_small("micro", g2, 1.0, 1.0 / n_block, (n_block / self.units) ** 2 / n_block)
-        if self.unit_cap:
+        if self.unit_cap and self.unit_on:
             s = scale**2 * self.unit_cap.unit_sq_norms.sum()
             self._add_small("unit", s, float(n), float(n), n / self.units**2)
 
@@ -203,7 +213,7 @@ class StepProbes:
         empty = E.LogKish.empty(self.device)
         self.kish["adv_seq"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
         self.kish["adv_tok"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
-        if "unit" in self.small:
+        if "unit" in self.small and self.unit_on:
             self._add_small("unit", 0.0, float(skipped), float(skipped), skipped / self.units**2)
         if "micro" in self.small:
             block = self.multiple // self.world
@@ -231,6 +241,9 @@ class StepProbes:
         t, any_failed, self.q = dict(zip(keys, host, strict=False)), host[len(keys)] > 0, host[-1]
         with self.guard("after_allreduce"):
             for lv in self.levels:
+                if lv == "unit" and not self.unit_on:
+                    self.tracker.last[lv] = None  # this step's raw values are NaN, not the last measured ones
+                    continue
                 # A non-finite norm (e.g. an inf gradient), a hook miscount or a probe failure on any rank
                 # yields no estimate: the step is skipped (and counted) on every rank alike.
                 bad = t[lv, "broken"] != 0 or any_failed

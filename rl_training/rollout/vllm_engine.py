@@ -18,6 +18,11 @@ in the project is in this file:
   partially reloaded fused layer (qkv_proj, gate_up_proj) leaves its unsent shards uninitialised. Then
   the prefix cache is reset (cached KV came from the old weights) and `weight_version` advances. Nothing
   here ever reloads from disk, so a wake-up cannot resurrect stale weights (TRL issue 5312).
+- `vllm.weight_sync=lora`: the engine is built with `enable_lora` and never gets new base weights; each sync
+  saves the peft adapter (a few MB) to a fresh directory on tmpfs (/dev/shm) and every generate passes a
+  `LoRARequest` with a new name and id for it (a reused name with `load_inplace` made vLLM re-read the file
+  on every request, vLLM issue 41482); the previous adapter is removed from the engine and its directory
+  deleted. 0.32's LoRARequest takes a path only, hence the tmpfs file rather than tensors in memory.
 - Sleep mode (CUDA only): the loop puts the engine to sleep before each update (not after every generate:
   an eval right after a sync needs it awake), at `vllm.sleep_level` 2 by default: weights discarded, not
   backed up to host memory, because the sync that follows every update rewrites every weight (vLLM keeps
@@ -75,6 +80,16 @@ def engine_mapped_bytes() -> int:
     return sum(d.handle[1] for d in CuMemAllocator.get_instance().pointer_to_data.values() if not d.is_asleep)
 
 
+def _adapter_root():
+    """A private directory for the pushed adapters: tmpfs (/dev/shm) where there is one, so a sync never touches
+    a disk."""
+    import tempfile
+    from pathlib import Path
+
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="rl_adapters_", dir=shm if shm.is_dir() else None))
+
+
 class VLLMBackend:
     name = "vllm"
 
@@ -109,6 +124,9 @@ class VLLMBackend:
             kwargs["kv_cache_memory_bytes"] = int(v.kv_cache_gb * 2**30)
         if dist_info.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        self.lora_mode = v.weight_sync == "lora"
+        if self.lora_mode:
+            kwargs.update(enable_lora=True, max_lora_rank=max(8, cfg.lora.r), max_loras=1)
         t0 = time.perf_counter()
         with llvmlite_hidden():
             self.llm = LLM(**kwargs)
@@ -120,6 +138,8 @@ class VLLMBackend:
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.weight_version = 0
+        self.lora_request = None  # weight_sync=lora: the adapter of the current weight version
+        self.lora_root = _adapter_root() if self.lora_mode else None
         self.sleep_level = v.sleep_level
         self.asleep_tags: set[str] = set()  # the parts of the engine that sleep (weights, kv_cache)
         self.mem: dict[str, float] = {"mem/vllm_sleep_enabled": float(self.sleep_enabled)}
@@ -149,7 +169,9 @@ class VLLMBackend:
             )
             for seed in seeds
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in expanded], params, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": p} for p in expanded], params, use_tqdm=False, lora_request=self.lora_request
+        )
         completions, logprobs, truncated = [], [], []
         for out in outs:
             (c,) = out.outputs
@@ -162,6 +184,9 @@ class VLLMBackend:
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:
+        if self.lora_mode:
+            self._push_adapter(model)
+            return
         from rl_training.models import merged_hf_weights
 
         self.wake(tags=["weights"])
@@ -174,6 +199,24 @@ class VLLMBackend:
         self.wake(tags=["kv_cache"])
         self.llm.reset_prefix_cache()
         self.weight_version += 1
+
+    def _push_adapter(self, model) -> None:
+        """weight_sync=lora: the adapter under a new name, id and directory; the previous one leaves the engine."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        self.wake()
+        version = self.weight_version + 1
+        path = self.lora_root / f"v{version}"
+        model.save_pretrained(str(path))  # adapter_config.json + adapter_model.safetensors only
+        old = self.lora_request
+        self.lora_request = LoRARequest(f"policy_v{version}", version, str(path))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        self.weight_version = version
 
     # ------------------------------------------------------------------------------------- sleep / wake
     def sleep(self) -> None:
@@ -213,3 +256,7 @@ class VLLMBackend:
         (a crash inside the update) is woken first: its pools are unmapped, and shutdown frees them."""
         self.wake()
         self.llm.llm_engine.engine_core.shutdown()
+        if self.lora_root is not None:
+            import shutil
+
+            shutil.rmtree(self.lora_root, ignore_errors=True)

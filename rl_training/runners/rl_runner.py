@@ -93,7 +93,8 @@ def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: 
         levels = ["unit"]
         dist.print0(
             "probe: none of probe.gns_levels can be identified with one micro-batch per step on one "
-            "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass)"
+            "rank; using the unit level (exact per-group norms, about one more LoRA weight-gradient pass, on "
+            "every probe.unit_every-th step)"
         )
     return levels
 
@@ -113,6 +114,7 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
         micro_batch_groups=cfg.train.micro_batch_groups,
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
+        unit_every=cfg.probe.unit_every,
     )
     state = resumed.get("probes") or ({"gns": resumed["gns"]} if resumed.get("gns") else None)  # older: gns only
     if state:
@@ -209,7 +211,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         bad_reward = nonfinite_agreed({"reward": rewards.sum().item()}, run.info.device)  # skip together
         advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
     if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
-        stats, lr = TrainStats(epochs=run.hp.inner_epochs, skipped=bad_reward), run.scheduler.get_last_lr()[0]
+        stats = TrainStats(epochs=run.hp.inner_epochs, kl_measured=False, skipped=bad_reward)
+        lr = run.scheduler.get_last_lr()[0]
         metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
         return {**metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
     with timer("train"):
@@ -222,12 +225,14 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             run.tokenizer.pad_token_id,
             run.info.device,
             cfg.train.drop_zero_adv_groups,
+            pack_row_tokens=cfg.train.pack_row_tokens if cfg.train.pack_sequences else None,
         )
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
         if run.probes is not None:
-            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
+            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids], step)
+        hp = run.hp.for_step(step)
+        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hp, norm, run.probes)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
@@ -309,7 +314,8 @@ def train(run: Run, stop: StopOnSignal) -> int:
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
         report_alerts(run, metrics, step + 1)
-        bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], kl=metrics["train/kl"])
+        kl = {"kl": metrics["train/kl"]} if "train/kl" in metrics else {}  # measured every loss.kl_log_every steps
+        bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], **kl)
         if (every and (step + 1) % every == 0) or step + 1 == total:
             checkpoint(run, step + 1)
             saved = step + 1

@@ -1,0 +1,108 @@
+"""Padding-free micro-batches: a micro-batch's sequences packed end to end into rows, no padding between them.
+
+The padded layout runs the model on [B, T] with T the longest sequence: a batch of mostly short completions
+and a few long ones spends most of its forward/backward on pads. Packed, the sequences are laid end to end
+into R rows of width W (first-fit decreasing by length), each with position ids restarting at 0, and the
+model is called with `position_ids` and no attention mask. transformers 5 then builds a block-diagonal causal
+mask from the position ids (masking_utils.find_packed_sequence_indices: a position that does not follow its
+predecessor by 1 starts a new block) for sdpa and eager attention, and flash-attention takes its
+variable-length path from the same position ids on GPU. A sequence attends to itself only, exactly as in its
+padded row.
+
+Only the model runs packed. Per-token outputs (log-probs, entropy) are computed on the packed rows, then
+`unpack` gathers them back into the padded [B, T-1] layout the losses, the canary and the probes read, so
+every objective and every per-token mask (a completion span or any other) works unchanged; the gradient
+flows back through the gather. Prediction positions across a boundary between two packed sequences, and
+the row-end pads, are never gathered.
+
+Row width: `row_tokens` = 0 packs into rows as wide as the longest sequence (bin packing: the attention cost
+per row stays that of one padded row, the right choice for sdpa/eager, whose block-diagonal mask is a dense
+[W, W] mask); a larger value packs more sequences per row (one row of all tokens is what flash-attention's
+varlen kernel wants on GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedRows:
+    input_ids: torch.Tensor  # [R, W] sequences end to end, pad_id after the last one of a row
+    position_ids: torch.Tensor  # [R, W] 0.. within each sequence; the row-end pads count on as their own block
+    targets: torch.Tensor  # [R, W-1] input_ids shifted left (across a boundary: never gathered)
+    index: torch.Tensor  # [B, T-1] flat index into [R*(W-1)] of padded prediction position (b, t); R*(W-1) = none
+    group_tokens: torch.Tensor  # [n_groups, Tg] flat index into [R*W] of each prompt group's tokens; R*W = none
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[R, W-1] per-position values -> [B, T-1] in the padded layout, 0 where the padded layout has a pad."""
+        flat = torch.cat([x.reshape(-1), x.new_zeros(1)])
+        return flat[self.index]
+
+
+def first_fit_rows(lengths: list[int], width: int) -> list[list[int]]:
+    """Sequence indices per row: first-fit decreasing by length into rows of `width` tokens (ties keep order)."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((k for k, f in enumerate(free) if f >= lengths[i]), None)
+        if r is None:
+            rows.append([])
+            free.append(width)
+            r = len(rows) - 1
+        rows[r].append(i)
+        free[r] -= lengths[i]
+    return rows
+
+
+def pack_sequences(
+    seqs: list[list[int]], group_size: int, pad_id: int, row_tokens: int = 0, padded_width: int = 0
+) -> PackedRows:
+    """Pack `seqs` (group by group, `group_size` consecutive sequences per prompt group) into rows of at most
+    max(row_tokens, longest sequence) tokens (trimmed to the fullest row); `index` maps the padded layout of
+    width max(padded_width, longest) onto them."""
+    lengths = [len(s) for s in seqs]
+    T = max(padded_width, max(lengths))
+    rows = first_fit_rows(lengths, max(row_tokens, max(lengths)))
+    W = max(sum(lengths[b] for b in members) for members in rows)  # trimmed to the fullest row
+    R = len(rows)
+    ids = [[pad_id] * W for _ in range(R)]
+    pos = [list(range(W)) for _ in range(R)]
+    none_pred, none_tok = R * (W - 1), R * W
+    index = [[none_pred] * (T - 1) for _ in seqs]
+    token_at: list[list[int]] = [[] for _ in seqs]  # flat [R*W] positions of each sequence's tokens
+    for r, members in enumerate(rows):
+        o = 0
+        for b in members:
+            n = lengths[b]
+            ids[r][o : o + n] = seqs[b]
+            pos[r][o : o + n] = range(n)
+            index[b][: n - 1] = range(r * (W - 1) + o, r * (W - 1) + o + n - 1)
+            token_at[b] = list(range(r * W + o, r * W + o + n))
+            o += n
+        pos[r][o:] = range(W - o)  # the pads: a block of their own, starting at 0
+    n_groups = len(seqs) // group_size
+    groups = [[t for b in range(g * group_size, (g + 1) * group_size) for t in token_at[b]] for g in range(n_groups)]
+    tg = max(len(g) for g in groups)
+    group_tokens = [g + [none_tok] * (tg - len(g)) for g in groups]
+    input_ids = torch.tensor(ids, dtype=torch.long)
+    return PackedRows(
+        input_ids=input_ids,
+        position_ids=torch.tensor(pos, dtype=torch.long),
+        targets=input_ids[:, 1:],
+        index=torch.tensor(index, dtype=torch.long),
+        group_tokens=torch.tensor(group_tokens, dtype=torch.long),
+    )
+
+
+def packed_to(p: PackedRows, device: torch.device) -> PackedRows:
+    return PackedRows(**{k: getattr(p, k).to(device) for k in p.__dataclass_fields__})
+
+
+def padded_tokens(seqs: list[list[int]]) -> tuple[int, int]:
+    """(tokens the padded layout runs the model on, tokens the packed layout with row_tokens=0 runs on)."""
+    lengths = [len(s) for s in seqs]
+    T = max(lengths)
+    return len(seqs) * T, len(first_fit_rows(lengths, T)) * T
