@@ -126,10 +126,19 @@ def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, model, optimizer, scheduler, config_yaml: str, trainer_state: dict, keep_last: int
+    run_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    config_yaml: str,
+    trainer_state: dict,
+    keep_last: int,
+    extra_dirs: dict[str, Path] | None = None,
 ) -> Path | None:
     """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0.
-    A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together."""
+    A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together.
+    `extra_dirs` (rank 0): directories copied in under the given relative names (past policy adapters)."""
     if dist.is_dist():
         states: list = [None] * tdist.get_world_size()
         tdist.all_gather_object(states, rng_state())
@@ -146,6 +155,8 @@ def save_checkpoint(
             for r, st in enumerate(states):
                 torch.save(st, tmp / f"rng_rank{r}.pt")
             (tmp / "config.yaml").write_text(config_yaml)
+            for name, src in (extra_dirs or {}).items():
+                shutil.copytree(src, tmp / name)
             (tmp / "trainer_state.json").write_text(
                 json.dumps({**trainer_state, "step": step, "world_size": len(states)}, indent=2)
             )

@@ -173,6 +173,13 @@ class RolloutCfg:
         le=1,
     )
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
+    max_async_level: int = _f(
+        0,
+        "K: batch t is sampled by the policy of step max(0, t-K) while the trainer trains earlier batches "
+        "(a generation thread per rank); 0 = synchronous. K > 0 needs backend=server, lora sync and loss.tis_cap.",
+        ge=0,
+        le=64,
+    )
 
 
 @dataclass
@@ -726,6 +733,7 @@ def load_config(
             "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
             "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
         )
+    check_async(cfg, where, training)
     if cfg.rollout.backend == "server" and not cfg.server.urls:
         raise ConfigError(f"{where}rollout.backend=server needs server.urls (e.g. ['http://127.0.0.1:8000'])")
     bad_url = [u for u in cfg.server.urls if not re.fullmatch(r"https?://[^/\s]+/?", u)]
@@ -745,6 +753,30 @@ def load_config(
         )
     check_sync_target(cfg.sync.remote, cfg.sync.bucket, cfg.sync.path, where)
     return cfg
+
+
+def check_async(cfg: Config, where: str = "", training: bool = True) -> None:
+    """rollout.max_async_level > 0 only where its batches can come from older, still-loaded policies and the
+    staleness is corrected (rl_training/rollout/async_queue.py)."""
+    k = cfg.rollout.max_async_level
+    if not training or k == 0:
+        return
+    head = f"{where}rollout.max_async_level={k}"
+    if cfg.rollout.backend != "server":
+        raise ConfigError(
+            f"{head} needs rollout.backend=server (got {cfg.rollout.backend}): an in-process engine cannot "
+            "generate while the trainer runs in the same process"
+        )
+    if cfg.server.weight_sync != "lora":
+        raise ConfigError(
+            f"{head} needs server.weight_sync=lora (got {cfg.server.weight_sync}): a server holds one set of full "
+            "weights, so it cannot sample the older versions queued batches need"
+        )
+    if cfg.loss.tis_cap <= 0:
+        raise ConfigError(
+            f"{head} with loss.tis_cap=0: batches come from a policy up to {k} steps old, and only the truncated "
+            "importance weight corrects for that (decoupled PPO); set loss.tis_cap (e.g. 2.0)"
+        )
 
 
 _REMOTE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")

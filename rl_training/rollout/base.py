@@ -100,12 +100,13 @@ def resolve_backend_name(name: str) -> str:
     return "vllm" if vllm_available() else "hf"
 
 
-def build_backend(cfg, model, tokenizer, dist_info) -> RolloutBackend:
-    """Chosen once at setup from rollout.backend (already resolved from 'auto')."""
+def build_backend(cfg, model, tokenizer, dist_info, start_step: int = 0) -> RolloutBackend:
+    """Chosen once at setup from rollout.backend (already resolved from 'auto'). `start_step`: the optimizer
+    steps the model has taken (a resumed run's), the server backend's first policy version."""
     if cfg.rollout.backend == "server":
         from rl_training.rollout.server import ServerBackend
 
-        return ServerBackend(cfg, model, tokenizer, dist_info)
+        return ServerBackend(cfg, model, tokenizer, dist_info, start_version=start_step)
     if cfg.rollout.backend == "vllm":
         from rl_training.rollout.vllm_engine import VLLMBackend
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from rl_training import dist
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds, split_completion
@@ -151,7 +153,9 @@ def base_model_name(client: ServerClient) -> str:
 class ServerBackend:
     name = "server"
 
-    def __init__(self, cfg, model, tokenizer, dist_info):
+    def __init__(self, cfg, model, tokenizer, dist_info, start_version: int = 0):
+        """`start_version`: the optimizer steps the weights at build have taken (a resumed run's step), so that
+        version n is the policy after n steps across resumes too."""
         from rl_training.config import derive
         from rl_training.rollout.hf import stop_token_ids
         from rl_training.rollout.server_sync import make_publisher, served_name
@@ -167,7 +171,8 @@ class ServerBackend:
         # Full-weight syncs sample the server's base model: its served name unless configured
         base = s.served_model or (base_model_name(self.client) if s.weight_sync != "lora" else "")
         self.served_name = lambda version: served_name(cfg, version, base)
-        self.version = -1  # published versions: 0 = the weights at build (start or resume), +1 per sync
+        self.version = start_version - 1  # published: start_version = the weights at build, +1 per sync
+        self._pin = threading.local()  # a thread's pinned sampling version (the async producer's, `pinned`)
         self.publish_s = 0.0
         self.seen_versions: tuple[int, int] = (0, 0)
         # The trainer may already differ from the files on disk (resume, or a merged SFT start).
@@ -195,7 +200,9 @@ class ServerBackend:
         }
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec, version: int | None = None) -> Rollouts:
-        """G completions per prompt from policy `version` (default: the newest published one)."""
+        """G completions per prompt from policy `version` (default: the thread's pinned one, else the newest)."""
+        if version is None:
+            version = getattr(self._pin, "version", None)
         version = self.version if version is None else version
         model = self.served_name(version)
         seeds = (
@@ -225,24 +232,43 @@ class ServerBackend:
         self.seen_versions = (version, version)
         return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [version] * len(completions))
 
+    @contextmanager
+    def pinned(self, version: int):
+        """Every generate() of this thread inside the block samples `version` (all turns of an episode too)."""
+        self._pin.version = version
+        try:
+            yield
+        finally:
+            self._pin.version = None
+
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:
-        """Rank 0 publishes the next version to every server; every rank waits until it is loaded there.
-
-        Collective: rank 0's outcome is broadcast, so a refused publish is the same one-line error on every
-        rank instead of a hang in a barrier."""
+        """Rank 0 publishes the next version to every server; every rank waits until it is loaded there."""
         t0 = time.perf_counter()
-        version, error = self.version + 1, None
+        self._on_rank0(lambda p: p.publish(model, self.version + 1))
+        self.version += 1
+        self.publish_s = time.perf_counter() - t0
+
+    def republish(self, version: int, adapter_dir: Path) -> None:
+        """Load a saved adapter (a resumed run's past version) into every server as policy-v{version}."""
+        self._on_rank0(lambda p: p.republish(adapter_dir, version))
+
+    def _on_rank0(self, fn) -> None:
+        """fn(publisher) on rank 0. Collective: rank 0's outcome is broadcast, so a refused publish is the same
+        one-line error on every rank instead of a hang in a barrier."""
+        error = None
         if self.publisher is not None:
             try:
-                self.publisher.publish(model, version)
+                fn(self.publisher)
             except (ServerError, OSError) as e:
                 error = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
         error = dist.broadcast_object(error)
         if error:
             raise ServerError(error)
-        self.version = version
-        self.publish_s = time.perf_counter() - t0
+
+    def version_dirs(self, versions) -> dict[int, Path]:
+        """Rank 0: the published directories of `versions` (for the checkpoint); {} elsewhere."""
+        return self.publisher.dirs(versions) if self.publisher is not None else {}
 
     def sleep(self) -> None:
         pass  # the servers own their memory; nothing of theirs lives in the trainer's process

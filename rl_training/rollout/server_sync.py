@@ -61,11 +61,28 @@ class LoraPublisher:
         self.loaded: list[tuple[int, Path]] = []  # (version, directory) loaded on every server, oldest first
 
     def publish(self, model, version: int) -> None:
+        self._publish(version, model.save_pretrained)
+
+    def republish(self, adapter_dir: Path, version: int) -> None:
+        """A saved adapter directory (a checkpoint's past version) as policy-v{version}, from a new path."""
+        self._publish(version, lambda tmp: shutil.copytree(adapter_dir, tmp, dirs_exist_ok=True))
+
+    def dirs(self, versions) -> dict[int, Path]:
+        have = dict(self.loaded)
+        missing = [v for v in versions if v not in have]
+        if missing:
+            raise ServerError(f"published policy versions {missing} are no longer kept (loaded: {sorted(have)})")
+        return {v: have[v] for v in versions}
+
+    def _publish(self, version: int, write: Callable[[Path], None]) -> None:
+        from rl_training.rollout.async_queue import versions_to_keep
+
         name = served_name(self.cfg, version)
-        path = write_atomic(self.root / f"{name}-{self.session}", model.save_pretrained)
+        path = write_atomic(self.root / f"{name}-{self.session}", write)
         _on_every_server(self.client, lambda url: self._load(url, name, path))
-        self.loaded.append((version, path))
-        while len(self.loaded) > self.cfg.server.keep_versions:
+        self.loaded = sorted([*self.loaded, (version, path)])
+        # Async rollouts (K > 0) sample versions up to K older than the newest: never unload one of those
+        while len(self.loaded) > versions_to_keep(self.cfg.server.keep_versions, self.cfg.rollout.max_async_level):
             old, old_path = self.loaded.pop(0)
             _on_every_server(self.client, lambda url, o=old: self._unload(url, served_name(self.cfg, o)))
             shutil.rmtree(old_path, ignore_errors=True)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from evals.evaluate import InLoopEval
 from rl_training import code, dist, faults
-from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
 from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
@@ -39,7 +40,8 @@ from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
-from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
+from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec, build_backend, resolve_backend_name
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
@@ -81,6 +83,7 @@ class Run:
     skips: SkipGuard  # non-finite steps skipped so far (rl_training/step_guard.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/samples.py)
     alerts: dict = field(default_factory=dict)
+    rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> (indices, Rollouts)
 
 
 def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: int, world: int) -> list[str]:
@@ -149,8 +152,10 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
     rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
-    backend = build_backend(cfg, model, tokenizer, info)
+    backend = build_backend(cfg, model, tokenizer, info, start_step)
     set_rng_state(rng)
+    for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
+        backend.republish(v, past_version_dir(resume_from, v))
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -166,7 +171,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     task = TASKS[cfg.data.format]
     code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
-    return Run(
+    run = Run(
         cfg,
         d,
         info,
@@ -189,21 +194,51 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
         StepSamples(cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step),
     )
+    K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
+    pin = backend.pinned if K else None
+    run.rollouts = make_rollouts(lambda t: generate_step(run, t), K, start_step, cfg.train.total_steps, pin)
+    return run
 
 
-def rl_step(run: Run, step: int) -> dict[str, float]:
-    cfg, G = run.cfg, run.cfg.rollout.group_size
-    timer = PhaseTimer()
+def past_version_dir(ckpt, version: int):
+    """Where a checkpoint keeps past policy version `version`'s adapter (rollout.max_async_level > 0)."""
+    path = ckpt / "policy_versions" / f"v{version}"
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{ckpt} has no {path.relative_to(ckpt)}: it was saved with a smaller rollout.max_async_level, so "
+            "the batches the interrupted run queued cannot be regenerated; resume with that level"
+        )
+    return path
+
+
+def generate_step(run: Run, step: int) -> tuple[list[int], Rollouts]:
+    """This rank's prompt indices of step `step` and their G completions each: the one call that makes a
+    step's Rollouts. With rollout.max_async_level > 0 the producer thread runs it, so it calls no collective."""
+    cfg = run.cfg
     idx = run.sampler.indices(step, run.info.rank)
     spec = SamplingSpec(
-        n=G,
+        n=cfg.rollout.group_size,
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         seed=sampling_seed(cfg.train.seed, run.info.rank, step),
     )
-    with timer("generate"):
-        rollouts = run.backend.generate([run.prompts[i] for i in idx], spec)
+    return idx, run.backend.generate([run.prompts[i] for i in idx], spec)
+
+
+def publish(run: Run, step: int) -> None:
+    """New weights into the rollout backend after step `step`: version step + 1 (a skipped update too, so
+    that version n is always the policy after n steps, the number the async producer waits for)."""
+    run.backend.sync_weights(run.model)
+    run.rollouts.published(step + 1)
+
+
+def rl_step(run: Run, step: int) -> dict[str, float]:
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    timer = PhaseTimer()
+    with timer("generate"):  # async: only the wait for the producer's batch
+        idx, rollouts = run.rollouts.get(step)
+    versions = {**run.rollouts.metrics(), **version_metrics(step, rollouts.policy_version)}
     with timer("score"):
         examples = [run.examples[i] for i in idx for _ in range(G)]
         scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
@@ -213,8 +248,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
         stats = TrainStats(epochs=run.hp.inner_epochs, kl_measured=False, skipped=bad_reward)
         lr = run.scheduler.get_last_lr()[0]
+        publish(run, step)
         metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
-        return {**metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
+        return {**metrics, **run.backend.metrics(), **versions, **run.skips.record(step + 1, stats.skipped)}
     with timer("train"):
         run.backend.sleep()  # the engine's memory goes to the update; sync_weights wakes it
         micro = make_micro_batches(
@@ -236,14 +272,20 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
-        run.backend.sync_weights(run.model)
+        publish(run, step)
     probe_metrics = {}
     if run.probes is not None:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
     run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
-    return {**metrics, **probe_metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
+    return {
+        **metrics,
+        **probe_metrics,
+        **run.backend.metrics(),
+        **versions,
+        **run.skips.record(step + 1, stats.skipped),
+    }
 
 
 def maybe_eval(run: Run, step: int) -> dict[str, float]:
@@ -260,6 +302,7 @@ def sampling_seed(seed: int, rank: int, step: int) -> int:
 
 def checkpoint(run: Run, step: int) -> None:
     epoch, offset = run.sampler.position(step)
+    past = past_versions(step, run.cfg.rollout.max_async_level)
     run.logger.sync()  # durable first: the checkpoint must never cover a step metrics.jsonl could lose
     path = save_checkpoint(
         run.d.run_dir,
@@ -275,6 +318,8 @@ def checkpoint(run: Run, step: int) -> None:
             "skips": run.skips.state_dict(),
         },
         run.cfg.ckpt.keep_last,
+        # async: the adapters the queued batches sampled, which a resume must serve again
+        {f"policy_versions/v{v}": p for v, p in run.backend.version_dirs(past).items()} if past else None,
     )
     if path is not None:  # rank 0
         run.syncer.submit(path)
@@ -340,6 +385,7 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
             # the default process group, after which this barrier would silently do nothing.
             dist.barrier()
         finally:
+            run.rollouts.close()
             run.backend.close()
     return status
 
