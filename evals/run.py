@@ -53,7 +53,7 @@ from rl_training.errors import USER_ERRORS
 from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
-from rl_training.rollout.base import resolve_backend_name
+from rl_training.rollout.factory import resolve_backend_name
 from rl_training.run_lock import RunLock
 
 EXIT_SKIPPED = 3
@@ -374,7 +374,7 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     from tqdm import tqdm
 
     from rl_training.models import build_policy
-    from rl_training.rollout.base import build_backend
+    from rl_training.rollout.factory import build_backend
     from rl_training.setup import seed_all, set_cpu_threads
 
     set_cpu_threads()

@@ -32,7 +32,8 @@ from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.errors import USER_ERRORS
 from rl_training.rewards import TASKS, score_completions
-from rl_training.rollout.base import SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.base import SamplingSpec
+from rl_training.rollout.factory import build_backend, resolve_backend_name
 
 # The data.format sft_runner should read the output with: math answers are graded by their last \boxed /
 # '#### N', which "math" reads from any verified completion (gsm8k's loader insists on '####').

@@ -90,7 +90,7 @@ def main() -> int:
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rl_training.config import load_config
-    from rl_training.rollout.base import resolve_backend_name
+    from rl_training.rollout.factory import resolve_backend_name
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")

@@ -721,11 +721,11 @@ def test_evals_run_gsm8k_and_math500_formats(trained_run, capsys):
 def test_evals_run_with_vllm_matches_hf_and_is_seeded(trained_run, monkeypatch):
     # No capsys here: vLLM's logger keeps the stream it first sees, and capsys closes its stream afterwards.
     from evals import run as evals_run
-    from rl_training.rollout import base
+    from rl_training.rollout import factory
 
     built = []
-    real_build = base.build_backend
-    monkeypatch.setattr(base, "build_backend", lambda *a: built.append(real_build(*a)) or built[-1])
+    real_build = factory.build_backend
+    monkeypatch.setattr(factory, "build_backend", lambda *a: built.append(real_build(*a)) or built[-1])
     args = ["--run-dir", str(trained_run), "--backend", "vllm", "--name", "vllm", "vllm.kv_cache_gb=0.1"]
     assert evals_run.main(args) == 0
     assert [b.name for b in built] == ["vllm"]  # one engine for the 3 evaluations (steps 0, 1, 2)

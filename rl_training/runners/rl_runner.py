@@ -39,7 +39,8 @@ from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
-from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.base import RolloutBackend, SamplingSpec
+from rl_training.rollout.factory import build_backend, resolve_backend_name
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
