@@ -43,13 +43,13 @@ from pathlib import Path
 
 import torch
 
-from evals.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
-from evals.metrics import metric_names, summarize
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import code, dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
 from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
 from rl_training.errors import USER_ERRORS
+from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
+from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
@@ -315,7 +315,7 @@ def eval_lock(a: argparse.Namespace) -> RunLock | nullcontext:
 
 
 def check_name_free(name: str) -> None:
-    """RUN/eval/inloop belongs to the in-loop eval (evals.evaluate.InLoopEval): evals.run must not mix into it."""
+    """RUN/eval/inloop belongs to the in-loop eval (evaluation.evaluate.InLoopEval): evals.run must not mix into it."""
     if name == "inloop":
         raise ConfigError("--name 'inloop' is the in-loop eval's folder RUN/eval/inloop; pass another --name")
 

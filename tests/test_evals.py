@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set, read_problems
-from evals.metrics import maj_at_k, pass_at_k, summarize
 from rl_training import dist
 from rl_training.config import ConfigError, load_config
 from rl_training.data.sources import load_examples
+from rl_training.evaluation.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set, read_problems
+from rl_training.evaluation.pass_at_k import maj_at_k, pass_at_k, summarize
 from rl_training.rewards import TASKS, math_answer_classes, math_has_answer, math_reward, reverse_reward
 from rl_training.rollout.base import Rollouts
 from rl_training.runners import rl_runner
@@ -466,7 +466,7 @@ def test_inloop_eval_logs_and_leaves_training_unchanged(trained_run, run_overrid
 
 # ---------------------------------------------------------------------------------------------- evals.run
 def recompute(problems: list[dict], ks: list[int]) -> dict[str, float]:
-    """The metrics from the per-problem file by the definitions (enumeration, not evals.metrics)."""
+    """The metrics from the per-problem file by the definitions (enumeration, not rl_training.evaluation.pass_at_k)."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     out = {
         "accuracy": mean([p["greedy"]["correct"] for p in problems]),

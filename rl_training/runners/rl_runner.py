@@ -8,7 +8,7 @@
 
 Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
 Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
-backend -> in-loop eval every `eval.every` steps (evals/evaluate.py, the code `python -m evals.run` uses)
+backend -> in-loop eval every `eval.every` steps (rl_training/evaluation/, the code `python -m evals.run` uses)
 -> log -> checkpoint (handed to the background uploader when sync.remote is set). Outputs go to
 run.output_dir/run.name (docs/outputs.md). On run.stop_signal (SLURM's time-limit warning) every rank
 checkpoints at the next step and the process exits with status 75; `ckpt.resume=latest` continues the run.
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from evals.evaluate import InLoopEval
 from rl_training import code, dist, faults
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
@@ -30,6 +29,7 @@ from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
+from rl_training.evaluation.evaluate import InLoopEval
 from rl_training.lifeline import tie_to_launcher
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
