@@ -47,7 +47,7 @@ from evals.report import load_results, write_plots, write_summary_csv, write_ten
 from rl_training import code, dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
 from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
-from rl_training.errors import USER_ERRORS
+from rl_training.errors import UserError
 from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
 from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.models import load_tokenizer
@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     try:
         with eval_lock(a):  # one evals.run per run directory (a training run may write beside it)
             return evaluate_run(a)
-    except USER_ERRORS as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:

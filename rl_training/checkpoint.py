@@ -22,16 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 import yaml
 
 from rl_training import dist
 from rl_training.ckpt_marker import COMPLETE, CorruptCheckpointError, verify_marker, write_atomically
+from rl_training.errors import UserError
 
 STEP_RE = re.compile(r"^step_(\d{6,})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     pass
 
 
@@ -130,11 +130,7 @@ def save_checkpoint(
 ) -> Path | None:
     """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0.
     A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together."""
-    if dist.is_dist():
-        states: list = [None] * tdist.get_world_size()
-        tdist.all_gather_object(states, rng_state())
-    else:
-        states = [rng_state()]
+    states = dist.all_gather_objects(rng_state())
     final = ckpt_dir(run_dir, step)
     error = None
     if int(os.environ.get("RANK", 0)) == 0:

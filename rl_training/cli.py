@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from rl_training import dist
 from rl_training.config import Config, load_config
-from rl_training.errors import USER_ERRORS
+from rl_training.errors import UserError
 
 
 def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=None) -> int:
@@ -22,7 +22,7 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
         cfg = load_config(args.cfg, args.overrides)
         info = dist.init_distributed(cfg.run.dist_timeout_s)  # the process group's timeout is a config value
         status = body(cfg, info)
-    except USER_ERRORS as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:

@@ -21,8 +21,10 @@ from typing import Any, Literal
 
 import yaml
 
+from rl_training.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A bad config value; the message names the file and the dotted key."""
 
 

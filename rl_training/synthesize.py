@@ -30,7 +30,7 @@ from rl_training.checkpoint import CheckpointError
 from rl_training.config import ConfigError, load_config, resolve_paths
 from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
-from rl_training.errors import USER_ERRORS
+from rl_training.errors import UserError
 from rl_training.rewards import TASKS, score_completions
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.factory import build_backend, resolve_backend_name
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     try:
         return synthesize(a)
-    except USER_ERRORS as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:

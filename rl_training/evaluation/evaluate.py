@@ -26,9 +26,9 @@ from rl_training import dist
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.pass_at_k import summarize
-from rl_training.metrics import PhaseTimer
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
+from rl_training.timer import PhaseTimer
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from collections import deque
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as tdist
 
 from rl_training import dist
 from rl_training.algs.dr_grpo import zero_adv_groups
@@ -287,7 +286,7 @@ class StepProbes:
         tot = dist.all_reduce_(_vector(local_sums, self.device))
         with self.guard("metrics"):
             gness = self._local_group_ness(n_gather)
-        gathered = _all_gather_cat(_vector(gness, self.device) if isinstance(gness, list) else gness)
+        gathered = dist.all_gather_cat(_vector(gness, self.device) if isinstance(gness, list) else gness)
         host = _to_host(torch.cat([mx, tot, gathered]))
         out: dict[str, float] = {}
         with self.guard("metrics"):
@@ -452,14 +451,5 @@ class StepProbes:
         self.ess_history.clear()
         self.ess_history.extend(d["ess_history"])
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
-        rank0 = not dist.is_dist() or tdist.get_rank() == 0
+        rank0 = dist.rank() == 0
         self.guard.failures = int(d.get("failures", 0)) if rank0 else 0
-
-
-def _all_gather_cat(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate equal-length 1-D tensors from every rank, on x's device."""
-    if not dist.is_dist():
-        return x
-    out = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(out, x)
-    return torch.cat(out)
