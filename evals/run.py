@@ -46,14 +46,15 @@ import torch
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import code, dist
 from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
-from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
+from rl_training.config import Config, ConfigError, get_key
+from rl_training.config_load import load_config
+from rl_training.config_resolve import resolve
 from rl_training.errors import UserError
 from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
 from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
-from rl_training.rollout.factory import resolve_backend_name
 from rl_training.run_lock import RunLock
 
 EXIT_SKIPPED = 3
@@ -148,8 +149,7 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
     # Configs saved before runners wrote absolute paths name them relative to the training directory: read
     # from here, as they always were, so that they compare equal to newer checkpoints' absolute ones.
-    resolve_paths(cfg)
-    return cfg
+    return resolve(cfg, backend=False).cfg
 
 
 def base_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -343,7 +343,7 @@ def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
             )
     for msg in skipped:
         print(f"skip: {msg}", file=sys.stderr, flush=True)
-    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
+    cfg = resolve(cfg).cfg
     for t in usable:
         t.cfg = t.cfg or cfg
     return usable, skipped, cfg

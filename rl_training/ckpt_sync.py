@@ -39,7 +39,8 @@ import threading
 import time
 from pathlib import Path
 
-from rl_training.config import ConfigError, SyncCfg, check_sync_target
+from rl_training.config import ConfigError, SyncCfg
+from rl_training.config_load import check_sync_target
 
 ENV_FALLBACK = {"remote": "RL_SYNC_REMOTE", "bucket": "RL_SYNC_BUCKET", "path": "RL_SYNC_PATH"}
 # rclone's own retries off: the helper's backoff is the retry policy (and what the metrics count).

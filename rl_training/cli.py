@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 
 from rl_training import dist
-from rl_training.config import Config, load_config
+from rl_training.config import Config
+from rl_training.config_load import load_config
 from rl_training.errors import UserError
 
 

@@ -120,7 +120,7 @@ class UpdateHParams:
 
     @classmethod
     def from_config(cls, cfg) -> UpdateHParams:
-        """cfg.loss.clip_low/high must already be resolved (see resolve_objective)."""
+        """cfg.loss.clip_low/high must already be resolved (rl_training/config_resolve.py)."""
         return cls(
             objective=OBJECTIVES[cfg.loss.type],
             inner_epochs=cfg.train.inner_epochs,
@@ -132,16 +132,6 @@ class UpdateHParams:
             max_grad_norm=cfg.optim.max_grad_norm,
             tis_cap=cfg.loss.tis_cap,
         )
-
-
-def resolve_objective(cfg) -> Objective:
-    """The objective of loss.type; unset clip bounds take its paper values (written back so they are logged)."""
-    objective = OBJECTIVES[cfg.loss.type]
-    if cfg.loss.clip_low is None:
-        cfg.loss.clip_low = objective.clip_low
-    if cfg.loss.clip_high is None:
-        cfg.loss.clip_high = objective.clip_high
-    return objective
 
 
 def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int, device: torch.device) -> torch.Tensor:

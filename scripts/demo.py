@@ -89,7 +89,7 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.rollout.factory import resolve_backend_name
 
     t0 = time.time()

@@ -14,7 +14,7 @@ import torch.serialization
 
 from rl_training import checkpoint as ck
 from rl_training.ckpt_marker import file_records
-from rl_training.config import load_config, to_yaml
+from rl_training.config_load import load_config, to_yaml
 from rl_training.models import build_policy, trainable_parameters
 from rl_training.setup import build_optimizer
 

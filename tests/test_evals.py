@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from rl_training import dist
-from rl_training.config import ConfigError, load_config
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.data.sources import load_examples
 from rl_training.evaluation.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set, read_problems
 from rl_training.evaluation.pass_at_k import maj_at_k, pass_at_k, summarize
@@ -550,7 +551,7 @@ def fake_checkpoint(run_dir: Path, step: int, config: str | bytes) -> None:
 
 def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
     from evals.run import usable_targets
-    from rl_training.config import to_yaml
+    from rl_training.config_load import to_yaml
 
     a, b = (to_yaml(load_config(None, [f"model.name_or_path=/models/{m}", "rollout.backend=hf"])) for m in "ab")
     for step, text in [(1, b), (2, a), (3, a), (4, ""), (5, b"model:\n  name_or_path: caf\xe9\n")]:

@@ -11,7 +11,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rl_training import dist, metrics
-from rl_training.config import ConfigError, load_config
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.models import ModelLoadError, check_attn_implementation
 from rl_training.rollout.vllm_engine import SEED_BITS, completion_seeds
 from tests.test_ddp import free_port

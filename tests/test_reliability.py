@@ -17,7 +17,8 @@ import torch
 import torch.multiprocessing as mp
 
 from rl_training import run_lock
-from rl_training.config import ConfigError, load_config
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.metrics import MetricsLogger, MetricsWriteError
 from rl_training.run_lock import RunLock, RunLockError
 from rl_training.step_guard import nonfinite_agreed

@@ -259,7 +259,7 @@ def test_adapter_checkpoint_loads_in_peft(run_overrides, tmp_path, warm_model):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.models import build_policy
 
     assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2", "optim.lr=0.05"]) == 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rl_training import dist
-from rl_training.config import load_config
+from rl_training.config_load import load_config
 from rl_training.rollout.base import SamplingSpec, split_completion
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner

@@ -24,9 +24,11 @@ import torch
 
 from rl_training import code, dist, faults
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
+from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
+from rl_training.config import Config, Derived
+from rl_training.config_load import to_dict, to_yaml
+from rl_training.config_resolve import resolve
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.evaluate import InLoopEval
@@ -40,7 +42,7 @@ from rl_training.probes.probe import StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec
-from rl_training.rollout.factory import build_backend, resolve_backend_name
+from rl_training.rollout.factory import build_backend
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
@@ -51,7 +53,6 @@ from rl_training.trainer import (
     TrainStats,
     UpdateHParams,
     make_micro_batches,
-    resolve_objective,
     step_advantages,
     step_norm,
     train_on_rollouts,
@@ -123,11 +124,8 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
-    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
-    resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
-    resolve_paths(cfg)  # local paths saved absolute: evals.run reads the checkpoints' config from anywhere
-    d = derive(cfg, info.world_size)
-    resolve_target(cfg.sync, d.run_dir)  # saved and logged resolved, like the backend
+    resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
+    cfg, d = resolved.cfg, resolved.derived
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir, to_yaml(cfg))
     seed_all(cfg.train.seed)  # the same LoRA init on every rank

@@ -26,7 +26,9 @@ import torch
 
 from rl_training import dist
 from rl_training.cli import run_cli
-from rl_training.config import ConfigError, derive, resolve_paths, to_yaml
+from rl_training.config import ConfigError
+from rl_training.config_load import to_yaml
+from rl_training.config_resolve import resolve
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.lifeline import tie_to_launcher
@@ -70,8 +72,8 @@ def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype)
 
 
 def sft(cfg, info) -> None:
-    resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
-    d = derive(cfg, info.world_size)
+    resolved = resolve(cfg, info.world_size, backend=False)  # the saved config means the same from anywhere
+    cfg, d = resolved.cfg, resolved.derived
     s = cfg.sft
     if s.batch_size % info.world_size:
         raise ConfigError(f"sft.batch_size={s.batch_size} is not divisible by the world size {info.world_size}")
