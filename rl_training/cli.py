@@ -12,6 +12,7 @@ from rl_training import dist
 from rl_training.config import Config
 from rl_training.config_load import load_config
 from rl_training.errors import UserError
+from rl_training.exit_codes import USER_ERROR_EXIT_CODE
 
 
 def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=None) -> int:
@@ -25,7 +26,7 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
         status = body(cfg, info)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR_EXIT_CODE
     finally:
         dist.cleanup()
     return status or 0

@@ -160,8 +160,7 @@ class RolloutCfg:
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
     top_p: float = _f(
         1.0,
-        "Nucleus sampling mass. <1: rollout log-probs come from the renormalised nucleus, the trainer's from the "
-        "full vocabulary, so rollout/logp_diff_* measures the truncation too and loss.tis_cap is refused.",
+        "Nucleus sampling mass. <1 refuses loss.tis_cap (why: docs/rollout.md, 'Log-probs and the canary').",
         gt=0,
         le=1,
     )

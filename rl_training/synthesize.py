@@ -33,6 +33,7 @@ from rl_training.config_resolve import resolve
 from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.errors import UserError
+from rl_training.exit_codes import USER_ERROR_EXIT_CODE
 from rl_training.rewards import TASKS, score_completions
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.factory import build_backend
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
         return synthesize(a)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR_EXIT_CODE
     finally:
         dist.cleanup()
 

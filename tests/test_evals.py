@@ -403,8 +403,7 @@ def test_step0_is_exactly_the_base_model(run_overrides, warm_model):
 def test_load_adapter_rejects_what_does_not_fit(run_overrides, tmp_path):
     from safetensors.torch import save_file
 
-    from evals.run import load_adapter
-    from rl_training.checkpoint import CheckpointError
+    from rl_training.checkpoint import CheckpointError, load_adapter
     from rl_training.models import build_policy
 
     cfg = load_config(TESTCFG, run_overrides)

@@ -22,6 +22,7 @@ import torch
 
 from rl_training import slurm_launch
 from rl_training.checkpoint import list_checkpoints
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import (
     add_no_proxy,
@@ -31,7 +32,7 @@ from rl_training.slurm_launch import (
     torchrun_args,
     worker_env,
 )
-from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
+from rl_training.stopping import StopOnSignal
 from tests.system_packages import require_debian_packages, skip_unless_required
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rl_training import dist
+from rl_training.ckpt_marker import step_name
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.pass_at_k import summarize
@@ -132,10 +133,6 @@ def evaluate_policy(
 
 
 # ------------------------------------------------------------------------------------------- result files
-def step_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp_{path.name}")
     tmp.write_text(text)

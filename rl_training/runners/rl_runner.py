@@ -32,6 +32,7 @@ from rl_training.config_resolve import resolve
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.evaluate import InLoopEval
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.lifeline import tie_to_launcher
 from rl_training.metrics import MetricsLogger, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
@@ -47,7 +48,7 @@ from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
+from rl_training.stopping import StopOnSignal
 from rl_training.timer import PhaseTimer
 from rl_training.trainer import (
     TrainStats,
