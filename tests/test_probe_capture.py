@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rl_training.algs.dr_grpo import token_logprobs
-from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
 from rl_training.probes import ess as E
 from rl_training.probes import probe as probe_module
@@ -39,7 +39,9 @@ def one_micro_batch(ro, adv, groups):
 
 def backward(model, mb, norm):
     logp = token_logprobs(forward_logits(model, mb), mb.targets)
-    policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2).loss.backward()
+    policy_loss(
+        LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+    ).loss.backward()
 
 
 def flat_grad(params):

@@ -39,7 +39,7 @@ from rl_training.models import assert_only_adapter_trainable, build_policy, trai
 from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
-from rl_training.probes.probe import StepProbes
+from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec
@@ -61,7 +61,7 @@ from rl_training.trainer import (
 from rl_training.wandb_log import make_wandb
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     cfg: Config
     d: Derived
@@ -78,7 +78,7 @@ class Run:
     sampler: PromptSampler
     logger: MetricsLogger
     hp: UpdateHParams
-    probes: StepProbes | None
+    probes: StepProbes | NullProbes
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
@@ -102,10 +102,10 @@ def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: 
     return levels
 
 
-def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | None:
+def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | NullProbes:
     """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
     if not cfg.probe.enabled:
-        return None
+        return NullProbes()
     levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, d.accum_steps, d.world_size)
     probes = StepProbes(
         model,
@@ -166,27 +166,29 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     return Run(
-        cfg,
-        d,
-        info,
-        model,
-        tokenizer,
-        params,
-        optimizer,
-        scheduler,
-        backend,
-        task,
-        examples,
-        prompts,
-        sampler,
-        logger,
-        hp,
-        build_probes(cfg, d, model, params, info, resumed_state),
-        start_step,
-        evaluator,
-        syncer,
-        SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
-        StepSamples(cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step),
+        cfg=cfg,
+        d=d,
+        info=info,
+        model=model,
+        tokenizer=tokenizer,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        backend=backend,
+        task=task,
+        examples=examples,
+        prompts=prompts,
+        sampler=sampler,
+        logger=logger,
+        hp=hp,
+        probes=build_probes(cfg, d, model, params, info, resumed_state),
+        start_step=start_step,
+        evaluator=evaluator,
+        syncer=syncer,
+        skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
+        samples=StepSamples(
+            cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step
+        ),
     )
 
 
@@ -226,15 +228,14 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         )
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
-        if run.probes is not None:
-            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
+        run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
         run.backend.sync_weights(run.model)
     probe_metrics = {}
-    if run.probes is not None:
+    if run.probes.enabled:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
@@ -267,7 +268,7 @@ def checkpoint(run: Run, step: int) -> None:
         {
             "data_epoch": epoch,
             "data_offset": offset,
-            "probes": run.probes.state_dict() if run.probes is not None else None,
+            "probes": run.probes.state_dict(),
             "skips": run.skips.state_dict(),
         },
         run.cfg.ckpt.keep_last,
