@@ -346,9 +346,9 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     """Build the policy and engine once, evaluate each target in turn; returns how many failed to load."""
     from tqdm import tqdm
 
+    from rl_training.assembly import seed_all, set_cpu_threads
     from rl_training.models import build_policy
     from rl_training.rollout.factory import build_backend
-    from rl_training.setup import seed_all, set_cpu_threads
 
     set_cpu_threads()
     seed_all(cfg.train.seed)

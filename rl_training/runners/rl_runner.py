@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from rl_training import code, dist, faults
+from rl_training.assembly import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer
 from rl_training.cli import run_cli
@@ -46,7 +47,6 @@ from rl_training.rollout.base import RolloutBackend, SamplingSpec
 from rl_training.rollout.factory import build_backend
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
-from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.stopping import StopOnSignal
 from rl_training.timer import PhaseTimer

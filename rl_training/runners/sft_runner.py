@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from rl_training import dist
+from rl_training.assembly import build_optimizer, seed_all, set_cpu_threads
 from rl_training.cli import run_cli
 from rl_training.config import ConfigError
 from rl_training.config_load import to_yaml
@@ -36,7 +37,6 @@ from rl_training.metrics import MetricsLogger, peak_memory
 from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.run_lock import locked
-from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
 
 
