@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rl_training import dist, faults
-from rl_training.algs.dr_grpo import zero_adv_groups
+from rl_training.algs.common import zero_adv_groups
 from rl_training.checkpoint import abandoned_dir
 from rl_training.errors import UserError
 from rl_training.rewards import Scores

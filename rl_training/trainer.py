@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import token_entropy, token_logprobs, zero_adv_groups
+from rl_training.algs.common import token_entropy, token_logprobs, zero_adv_groups
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,

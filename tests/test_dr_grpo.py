@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, k3_kl, token_entropy, token_logprobs
+from rl_training.algs.common import group_advantages, k3_kl, token_entropy, token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 
 DR_GRPO = OBJECTIVES["dr_grpo"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, zero_adv_groups
+from rl_training.algs.common import group_advantages, zero_adv_groups
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.common import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
 from rl_training.probes import ess as E

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.common import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
@@ -90,7 +90,7 @@ def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     with torch.no_grad():
         logits = policy(input_ids=mbs[0].input_ids, attention_mask=mbs[0].attention_mask).logits[:, :-1]
-        from rl_training.algs.dr_grpo import token_logprobs
+        from rl_training.algs.common import token_logprobs
 
         lp = token_logprobs(logits, mbs[0].targets)
     m = mbs[0].mask.bool()

@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, k3_kl
+from rl_training.algs.common import group_advantages, k3_kl
 
 ADV_EPS = 1e-6
 

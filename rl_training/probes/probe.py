@@ -33,7 +33,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import zero_adv_groups
+from rl_training.algs.common import zero_adv_groups
 from rl_training.probes import ess as E
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
