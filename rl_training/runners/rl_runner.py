@@ -35,7 +35,6 @@ from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.evaluate import InLoopEval
 from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.lifeline import tie_to_launcher
-from rl_training.metrics import MetricsLogger, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
@@ -48,6 +47,7 @@ from rl_training.rollout.factory import build_backend
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
+from rl_training.step_metrics import MetricsLogger, step_metrics
 from rl_training.stopping import StopOnSignal
 from rl_training.timer import PhaseTimer
 from rl_training.trainer import (

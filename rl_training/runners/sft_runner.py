@@ -33,11 +33,11 @@ from rl_training.config_resolve import resolve
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.lifeline import tie_to_launcher
-from rl_training.metrics import MetricsLogger, peak_memory
 from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.run_lock import locked
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
+from rl_training.step_metrics import MetricsLogger, peak_memory
 
 
 def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], int]]:
