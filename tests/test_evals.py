@@ -357,7 +357,7 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
         canned.seen = []
         # The prompts as evals.run and the in-loop eval build them, not re-encoded here.
         examples, eval_prompts = load_eval_set(cfg, run.tokenizer)
-        assert InLoopEval(cfg, run.tokenizer, run.info, run.d.run_dir).prompts == eval_prompts
+        assert InLoopEval(cfg, run.tokenizer, run.info, run.derived.run_dir).prompts == eval_prompts
         es = EvalSettings.from_config(load_config(None, ["eval.num_samples=6", "eval.ks=[1]"]))
         records, _ = evaluate_policy(canned, eval_prompts, examples, TASKS["gsm8k"], es)
         assert len(examples) == 4 and all(tuple(p) in {tuple(q) for q in run.prompts} for p in canned.seen)

@@ -13,7 +13,7 @@ import torch
 from rl_training.algs.common import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
-from rl_training.probes import ess as E
+from rl_training.probes import ess as ess_math
 from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
@@ -361,7 +361,7 @@ def test_probe_tensor_code_keeps_to_the_training_device(monkeypatch):
 def test_the_meta_guard_catches_a_cpu_tensor(monkeypatch):
     # The guard test above can fail: the old CPU pad of the group-ESS gather is counted as a failure on meta.
     def old_group_ness(self, n):
-        g = E.group_ness(torch.cat(self.seq_log_w), self.G)
+        g = ess_math.group_ness(torch.cat(self.seq_log_w), self.G)
         return torch.cat([g, torch.full((n - g.numel(),), math.nan, dtype=torch.float64)])
 
     monkeypatch.setattr(StepProbes, "_local_group_ness", old_group_ness)

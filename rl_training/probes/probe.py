@@ -34,7 +34,7 @@ import torch
 
 from rl_training import dist
 from rl_training.algs.common import zero_adv_groups
-from rl_training.probes import ess as E
+from rl_training.probes import ess as ess_math
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
@@ -152,7 +152,7 @@ class StepProbes:
         self.small = {lv: {"s": zero, "k": 0.0, "ib": 0.0, "c2b": 0.0} for lv in self.levels}
         self.kept_groups = self.block_groups = 0
         self.broken: set[str] = set()
-        self.kish = {k: E.LogKish.empty(self.device) for k in ESS_KINDS if k != "seq"}
+        self.kish = {k: ess_math.LogKish.empty(self.device) for k in ESS_KINDS if k != "seq"}
         self.log_rho_all: list[torch.Tensor] = []
         self.seq_log_w: list[torch.Tensor] = []
 
@@ -231,9 +231,9 @@ class StepProbes:
         skipped_tokens = sum(
             sum(self.lengths[g * self.G : (g + 1) * self.G]) for g in range(self.n_local) if g not in self.seen_groups
         )
-        empty = E.LogKish.empty(self.device)
-        self.kish["adv_seq"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
-        self.kish["adv_tok"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
+        empty = ess_math.LogKish.empty(self.device)
+        self.kish["adv_seq"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
+        self.kish["adv_tok"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
         if "unit" in self.small:
             self._add_small("unit", 0.0, float(skipped), float(skipped), skipped / self.units**2)
         if "micro" in self.small:
@@ -277,9 +277,9 @@ class StepProbes:
     def _observe_rollout(self, mb, old_logp: torch.Tensor, used_weights: torch.Tensor | None) -> None:
         m = mb.mask.bool()
         log_rho = old_logp.detach().double() - mb.rollout_logp.double()
-        self.kish["tok_raw"] += E.log_kish(log_rho, m)
-        used = E.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
-        self.kish["tok_used"] += E.log_kish(used, m)
+        self.kish["tok_raw"] += ess_math.log_kish(log_rho, m)
+        used = ess_math.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
+        self.kish["tok_used"] += ess_math.log_kish(used, m)
         # Valid tokens are selected with `where` (boolean indexing would sync the host on CUDA); pads are
         # NaN for the quantile (nanquantile skips them) and 0 in the sums.
         self.log_rho_all.append(torch.where(m, log_rho, math.nan).reshape(-1))
@@ -292,14 +292,14 @@ class StepProbes:
         self.sums["tok"] = self.sums["tok"] + m.double().sum()
         self.sums["lr.sum"] = self.sums["lr.sum"] + lr.sum()
         self.sums["lr.sq"] = self.sums["lr.sq"] + (lr * lr).sum()
-        self.seq_log_w.append(E.sequence_log_weights(log_rho, mb.mask))
-        log_abs_adv = E.weight_log(mb.advantages.abs())
-        self.kish["adv_seq"] += E.log_kish(log_abs_adv)
-        self.kish["adv_tok"] += E.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
+        self.seq_log_w.append(ess_math.sequence_log_weights(log_rho, mb.mask))
+        log_abs_adv = ess_math.weight_log(mb.advantages.abs())
+        self.kish["adv_seq"] += ess_math.log_kish(log_abs_adv)
+        self.kish["adv_tok"] += ess_math.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
 
     def observe_ppo(self, mb, logp: torch.Tensor, old_logp: torch.Tensor) -> None:
         with self.guard("observe_ppo"):
-            self.kish["ppo"] += E.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
+            self.kish["ppo"] += ess_math.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
 
     # -------------------------------------------------------------------------------------- output
     def metrics(self) -> dict[str, float]:
@@ -328,15 +328,15 @@ class StepProbes:
         self.guard.step_failed = False
         return out
 
-    def _local_maxima(self) -> tuple[list, dict[str, E.LogKish]]:
+    def _local_maxima(self) -> tuple[list, dict[str, ess_math.LogKish]]:
         kish = dict(self.kish)
         seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
-        kish["seq"] = E.log_kish(seq_lw.to(self.device))
+        kish["seq"] = ess_math.log_kish(seq_lw.to(self.device))
         all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
         p999 = torch.nanquantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
         return [*(kish[k].shift for k in ESS_KINDS), p999], kish
 
-    def _local_sums(self, kish: dict[str, E.LogKish], shifts: torch.Tensor) -> list:
+    def _local_sums(self, kish: dict[str, ess_math.LogKish], shifts: torch.Tensor) -> list:
         """Each ESS's sums rescaled to the global max shift, then the step's plain sums; 2 slots for flags."""
         out = []
         for i, k in enumerate(ESS_KINDS):
@@ -348,14 +348,14 @@ class StepProbes:
         """Within-group ness of this rank's kept groups, padded with NaN to the fixed per-rank group count
         (ranks keep different numbers of groups after zero-advantage dropping)."""
         seq_lw = torch.cat(self.seq_log_w).to(self.device) if self.seq_log_w else None
-        g = E.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
+        g = ess_math.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
         g = g.to(self.device)
         pad = torch.full((n - g.numel(),), math.nan, dtype=torch.float64, device=self.device)
         return torch.cat([g, pad])
 
     def _format(self, mx: list[float], tot: list[float], gathered: list[float]) -> dict[str, float]:
         t = dict(zip([f"{k}.{f}" for k in ESS_KINDS for f in ESS_FIELDS] + list(STEP_SUMS), tot, strict=False))
-        ess = {k: E.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
+        ess = {k: ess_math.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
         groups = sorted(x for x in gathered if not math.isnan(x))
         bad_tokens = t["tok_raw.bad"] + t["tok_used.bad"]
         out = self._ess_format(ess, t, mx[-1], groups, bad_tokens)

@@ -64,7 +64,7 @@ from rl_training.wandb_log import make_wandb
 @dataclass(kw_only=True)
 class Run:
     cfg: Config
-    d: Derived
+    derived: Derived
     info: dist.DistInfo
     model: torch.nn.Module
     tokenizer: object
@@ -77,7 +77,7 @@ class Run:
     prompts: list[list[int]]
     sampler: PromptSampler
     logger: MetricsLogger
-    hp: UpdateHParams
+    hparams: UpdateHParams
     probes: StepProbes | NullProbes
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
@@ -161,13 +161,12 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
-    hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
     code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     return Run(
         cfg=cfg,
-        d=d,
+        derived=d,
         info=info,
         model=model,
         tokenizer=tokenizer,
@@ -180,7 +179,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         prompts=prompts,
         sampler=sampler,
         logger=logger,
-        hp=hp,
+        hparams=UpdateHParams.from_config(cfg),
         probes=build_probes(cfg, d, model, params, info, resumed_state),
         start_step=start_step,
         evaluator=evaluator,
@@ -210,9 +209,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
         rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         bad_reward = nonfinite_agreed({"reward": rewards.sum().item()}, run.info.device)  # skip together
-        advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
+        advantages = step_advantages(run.hparams.objective, rewards, G, run.info.device)
     if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
-        stats, lr = TrainStats(epochs=run.hp.inner_epochs, skipped=bad_reward), run.scheduler.get_last_lr()[0]
+        stats, lr = TrainStats(epochs=run.hparams.inner_epochs, skipped=bad_reward), run.scheduler.get_last_lr()[0]
         metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
         return {**metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
     with timer("train"):
@@ -227,9 +226,11 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             cfg.train.drop_zero_adv_groups,
         )
         lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
+        norm = step_norm(rollouts, run.derived.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
         run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
+        stats = train_on_rollouts(
+            run.model, run.optimizer, run.scheduler, run.params, micro, run.hparams, norm, run.probes
+        )
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
@@ -259,7 +260,7 @@ def checkpoint(run: Run, step: int) -> None:
     epoch, offset = run.sampler.position(step)
     run.logger.sync()  # durable first: the checkpoint must never cover a step metrics.jsonl could lose
     path = save_checkpoint(
-        run.d.run_dir,
+        run.derived.run_dir,
         step,
         run.model,
         run.optimizer,
@@ -327,10 +328,10 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
                 status = train(run, stop)
                 # The last uploads and the final pass over the kept checkpoints, in TensorBoard too. After a
                 # stop signal the wait is shorter: SLURM's margin also holds the step and the checkpoint before it.
-                run.logger.summary(run.syncer.drain(run.d.run_dir, stopped=status == STOPPED_EXIT_CODE))
+                run.logger.summary(run.syncer.drain(run.derived.run_dir, stopped=status == STOPPED_EXIT_CODE))
             finally:
                 run.logger.close()
-                run.syncer.finish(run.d.run_dir)  # also after a crash; bounded by sync.final_timeout_s
+                run.syncer.finish(run.derived.run_dir)  # also after a crash; bounded by sync.final_timeout_s
             # Ranks leave together: torchrun stops a node's other workers as soon as one exits non-zero, which
             # must not cut rank 0's final upload short. Before backend.close(): vLLM's engine shutdown destroys
             # the default process group, after which this barrier would silently do nothing.
