@@ -24,7 +24,8 @@ test-fast: setup
 
 # SLURM wrapper on a real local cluster (root; ../shared/tools/slurm_local.sh), rclone upload, shell scripts.
 test-cluster: setup
-	$(PY) -m pytest -q tests/test_slurm.py tests/test_ckpt_sync.py tests/test_lambda_scripts.py
+	$(PY) -m pytest -q tests/test_slurm.py tests/test_slurm_launcher.py tests/test_stop_signal.py tests/test_ckpt_sync.py \
+	  tests/test_lambda_scripts.py
 
 quality: setup
 	.venv/bin/ruff check .
