@@ -21,6 +21,7 @@ from rl_training.evaluation.pass_at_k import summarize
 from rl_training.rewards import reverse_reward
 from rl_training.runners import rl_runner
 from tests.enumeration import maj_by_enumeration, pass_by_enumeration
+from tests.launch import RL_RUNNER, torchrun_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -415,13 +416,9 @@ def test_inloop_eval_with_vllm_leaves_training_unchanged(run_overrides, tmp_path
 
 @pytest.mark.slow
 def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--standalone",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
+    cmd = torchrun_cmd(
+        2,
+        RL_RUNNER,
         "--cfg",
         TESTCFG,
         *run_overrides,
@@ -429,7 +426,7 @@ def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
         "eval.every=2",
         "eval.num_prompts=31",  # an odd count: rank 0 takes 16 problems, rank 1 takes 15
         *EVAL_KEYS,
-    ]
+    )
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**os.environ})
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "testconfig"

@@ -20,6 +20,7 @@ from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import exit_status
 from rl_training.stopping import StopOnSignal
+from tests.launch import RL_RUNNER, torchrun_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -170,19 +171,7 @@ def worker_pids(parent: int) -> dict[int, int]:
 
 def test_signal_to_one_rank_stops_every_rank_at_the_same_step(run_overrides, tmp_path):
     """Only rank 1 gets the signal; the all-reduce makes rank 0 stop at the same step (no collective hang)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
-        "--cfg",
-        TESTCFG,
-        *run_overrides,
-        "train.total_steps=40",
-        "ckpt.every=0",
-    ]
+    cmd = torchrun_cmd(2, RL_RUNNER, "--cfg", TESTCFG, *run_overrides, "train.total_steps=40", "ckpt.every=0")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "runs" / "testconfig"
