@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,3 +21,18 @@ def torchrun_cmd(nproc: int, script: str | Path, *args: str) -> list[str]:
         str(script),
         *args,
     ]
+
+
+# Reading a launched run back
+def read_steps(run_dir: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def training_started(run_dir: Path) -> bool:
+    """A complete first line in metrics.jsonl (polled while the run writes it)."""
+    p = run_dir / "metrics.jsonl"
+    return p.exists() and "\n" in p.read_text()
+
+
+def trainer_state(ckpt: Path) -> dict:
+    return json.loads((ckpt / "trainer_state.json").read_text())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import random
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
@@ -14,12 +13,6 @@ from rl_training.config import ConfigError
 from rl_training.config_load import load_config
 from rl_training.evaluation.pass_at_k import maj_at_k, pass_at_k, summarize
 from tests.enumeration import maj_by_enumeration, pass_by_enumeration
-
-REPO = Path(__file__).resolve().parents[1]
-TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
-FIXTURES = REPO / "tests" / "fixtures"
-GSM8K = FIXTURES / "gsm8k_test_sample.jsonl"
-MATH500 = FIXTURES / "math500_sample.jsonl"
 
 
 # ------------------------------------------------------------------------------------------------ pass@k

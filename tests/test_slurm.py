@@ -20,6 +20,7 @@ import pytest
 
 from rl_training.checkpoint import list_checkpoints
 from rl_training.exit_codes import STOPPED_EXIT_CODE
+from tests.launch import read_steps, trainer_state, training_started
 from tests.system_packages import require_debian_packages, skip_unless_required
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,20 +29,6 @@ SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
 CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
 # Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
 SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
-
-
-def read_steps(run_dir: Path) -> list[int]:
-    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def training_started(run_dir: Path) -> bool:
-    """A complete first line in metrics.jsonl (polled while the run writes it)."""
-    p = run_dir / "metrics.jsonl"
-    return p.exists() and "\n" in p.read_text()
-
-
-def trainer_state(ckpt: Path) -> dict:
-    return json.loads((ckpt / "trainer_state.json").read_text())
 
 
 # ------------------------------------------------------------------------------------ real Slurm

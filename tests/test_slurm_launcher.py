@@ -17,13 +17,6 @@ from rl_training.slurm_launch import (
     worker_env,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
-SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
-CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
-# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
-SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
-
 
 # ------------------------------------------------------------------------------ launcher, unit level
 def test_worker_environment_is_an_allow_list():

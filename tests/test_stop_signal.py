@@ -3,7 +3,6 @@ workers exist; the batch script; one rank signalled stops every rank at the same
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -20,28 +19,11 @@ from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.runners import rl_runner
 from rl_training.slurm_launch import exit_status
 from rl_training.stopping import StopOnSignal
-from tests.launch import RL_RUNNER, torchrun_cmd
+from tests.launch import RL_RUNNER, read_steps, torchrun_cmd, trainer_state, training_started
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
 SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
-CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
-# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
-SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
-
-
-def read_steps(run_dir: Path) -> list[int]:
-    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def training_started(run_dir: Path) -> bool:
-    """A complete first line in metrics.jsonl (polled while the run writes it)."""
-    p = run_dir / "metrics.jsonl"
-    return p.exists() and "\n" in p.read_text()
-
-
-def trainer_state(ckpt: Path) -> dict:
-    return json.loads((ckpt / "trainer_state.json").read_text())
 
 
 # --------------------------------------------------------------------------- stop logic, no Slurm
