@@ -42,13 +42,12 @@ from evals.report import load_results, write_plots, write_summary_csv, write_ten
 from rl_training import code, dist
 from rl_training.checkpoint import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
 from rl_training.ckpt_marker import COMPLETE, STEP_RE, step_name
+from rl_training.cli import exit_status_of
 from rl_training.config import Config, ConfigError, get_key
 from rl_training.config_load import load_config
 from rl_training.config_resolve import resolve
-from rl_training.errors import UserError
 from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, write_step_result
 from rl_training.evaluation.pass_at_k import metric_names, summarize
-from rl_training.exit_codes import USER_ERROR_EXIT_CODE
 from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
@@ -427,14 +426,12 @@ def report(results, es, settings, out_dir, title) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    try:
+
+    def run() -> int:
         with eval_lock(a):  # one evals.run per run directory (a training run may write beside it)
             return evaluate_run(a)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT_CODE
-    finally:
-        dist.cleanup()
+
+    return exit_status_of(run)
 
 
 if __name__ == "__main__":

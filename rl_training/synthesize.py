@@ -27,13 +27,12 @@ from pathlib import Path
 
 from rl_training import dist
 from rl_training.checkpoint import CheckpointError
+from rl_training.cli import exit_status_of
 from rl_training.config import ConfigError
 from rl_training.config_load import load_config
 from rl_training.config_resolve import resolve
 from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
-from rl_training.errors import UserError
-from rl_training.exit_codes import USER_ERROR_EXIT_CODE
 from rl_training.rewards import TASKS, score_completions
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.factory import build_backend
@@ -190,13 +189,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    try:
-        return synthesize(a)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT_CODE
-    finally:
-        dist.cleanup()
+    return exit_status_of(lambda: synthesize(a))
 
 
 if __name__ == "__main__":
