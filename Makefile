@@ -28,7 +28,8 @@ test-fast: setup
 
 # SLURM wrapper on a real local cluster (root; ../shared/tools/slurm_local.sh), rclone upload, shell scripts.
 test-cluster: setup
-	$(PY) -m pytest -q tests/test_slurm.py tests/test_ckpt_sync.py tests/test_lambda_scripts.py
+	$(PY) -m pytest -q tests/test_slurm.py tests/test_slurm_launcher.py tests/test_stop_signal.py tests/test_ckpt_sync.py \
+	  tests/test_lambda_scripts.py
 
 quality: setup
 	.venv/bin/ruff check .
@@ -73,7 +74,7 @@ tensorboard:
 
 # The generated config reference, docs/config.md (a test fails when it is stale).
 config-ref:
-	$(PY) -m rl_training.config --write docs/config.md
+	$(PY) -m rl_training.config_ref --write docs/config.md
 
 clean:
 	rm -rf runs bench_results .pytest_cache .ruff_cache

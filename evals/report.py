@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rl_training.config import absolute_path
+from rl_training.config_resolve import absolute_path
 
 # Plots: (file stem, title, metric keys drawn in it). `{k}` expands to one line per k.
 PLOTS = [

@@ -19,13 +19,8 @@ Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNN
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
 summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard scalars
 eval/NAME/<metric> in the run's own log RUN/tb (its own event file, events.out.tfevents.0000000000.eval_NAME),
-next to the training curves and the in-loop eval's eval/<metric>. All of these are rebuilt from the step JSON
-files on every call, so each step has exactly one point. A step whose JSON exists with the same settings and
-the same weights is not evaluated again unless --redo; the weights are named by a fingerprint (sha256 of the
-adapter file; for step 0 the base model's path), so a checkpoint rewritten since (a resume from an earlier
-step retrains step N) is evaluated again; a JSON saved before fingerprints existed is kept. A missing or
-corrupt checkpoint is reported in one line and skipped, the others are evaluated, and the exit status is 3.
-Bad input: one-line error, exit status 2.
+next to the training curves and the in-loop eval's eval/<metric>. Re-runs (what is evaluated again, --redo)
+and broken checkpoints (skipped, exit status 3): docs/evaluation.md, "Re-runs and broken checkpoints".
 """
 
 from __future__ import annotations
@@ -43,30 +38,29 @@ from pathlib import Path
 
 import torch
 
-from evals.evaluate import EvalSettings, evaluate_policy, load_eval_set, step_name, write_step_result
-from evals.metrics import metric_names, summarize
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training import code, dist
-from rl_training.checkpoint import COMPLETE, STEP_RE, CheckpointError, list_checkpoints
-from rl_training.config import Config, ConfigError, get_key, load_config, resolve_paths
-from rl_training.errors import USER_ERRORS
+from rl_training.checkpoint import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
+from rl_training.ckpt_marker import COMPLETE, STEP_RE, step_name
+from rl_training.cli import exit_status_of
+from rl_training.config import Config, ConfigError, get_key
+from rl_training.config_load import load_config
+from rl_training.config_resolve import resolve
+from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, write_step_result
+from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.models import load_tokenizer
 from rl_training.platform_check import require_working_cuda
 from rl_training.rewards import TASKS
-from rl_training.rollout.base import resolve_backend_name
 from rl_training.run_lock import RunLock
 
 EXIT_SKIPPED = 3
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-ADAPTER_FILE = "adapter/adapter_model.safetensors"
 # What must be the same for every checkpoint of one call: the policy being built and how it is prompted.
 IDENTITY = [
     "model.name_or_path",
     "model.dtype",
     "model.trust_remote_code",
-    "lora.r",
-    "lora.alpha",
-    "lora.target_modules",
+    *ADAPTER_KEYS,
     "data.prompt_template",
     "data.system_prompt",
     "data.use_chat_template",
@@ -148,8 +142,7 @@ def checkpoint_config(path: Path, overrides: list[str]) -> Config:
         raise CheckpointError(f"{path}: unusable config.yaml ({e})") from None
     # Configs saved before runners wrote absolute paths name them relative to the training directory: read
     # from here, as they always were, so that they compare equal to newer checkpoints' absolute ones.
-    resolve_paths(cfg)
-    return cfg
+    return resolve(cfg, backend=False).cfg
 
 
 def base_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -189,27 +182,6 @@ def weights_fingerprint(t: Target, cfg: Config) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return f"sha256:{h.hexdigest()}"
-
-
-def load_adapter(model, path: Path) -> None:
-    """Load a checkpoint's adapter into the peft model in place; every LoRA tensor must be present and fit."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        weights = load_file(str(path / ADAPTER_FILE))
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path / ADAPTER_FILE}: unreadable ({e})") from None
-    expected = get_peft_model_state_dict(model)
-    missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
-    wrong = [k for k in expected.keys() & weights.keys() if weights[k].shape != expected[k].shape]
-    if missing or extra or wrong:
-        raise CheckpointError(
-            f"{path / ADAPTER_FILE}: does not fit the model (missing {missing[:2]}, unexpected {extra[:2]}, "
-            f"wrong shape {wrong[:2]})"
-        )
-    set_peft_model_state_dict(model, weights)
 
 
 def zero_adapter(model) -> None:
@@ -315,7 +287,7 @@ def eval_lock(a: argparse.Namespace) -> RunLock | nullcontext:
 
 
 def check_name_free(name: str) -> None:
-    """RUN/eval/inloop belongs to the in-loop eval (evals.evaluate.InLoopEval): evals.run must not mix into it."""
+    """RUN/eval/inloop belongs to the in-loop eval (evaluation.evaluate.InLoopEval): evals.run must not mix into it."""
     if name == "inloop":
         raise ConfigError("--name 'inloop' is the in-loop eval's folder RUN/eval/inloop; pass another --name")
 
@@ -343,7 +315,7 @@ def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
             )
     for msg in skipped:
         print(f"skip: {msg}", file=sys.stderr, flush=True)
-    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
+    cfg = resolve(cfg).cfg
     for t in usable:
         t.cfg = t.cfg or cfg
     return usable, skipped, cfg
@@ -373,9 +345,9 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     """Build the policy and engine once, evaluate each target in turn; returns how many failed to load."""
     from tqdm import tqdm
 
+    from rl_training.assembly import seed_all, set_cpu_threads
     from rl_training.models import build_policy
-    from rl_training.rollout.base import build_backend
-    from rl_training.setup import seed_all, set_cpu_threads
+    from rl_training.rollout.factory import build_backend
 
     set_cpu_threads()
     seed_all(cfg.train.seed)
@@ -454,14 +426,12 @@ def report(results, es, settings, out_dir, title) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    try:
+
+    def run() -> int:
         with eval_lock(a):  # one evals.run per run directory (a training run may write beside it)
             return evaluate_run(a)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        dist.cleanup()
+
+    return exit_status_of(run)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,16 +21,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as tdist
 import yaml
 
 from rl_training import dist
-from rl_training.ckpt_marker import COMPLETE, CorruptCheckpointError, verify_marker, write_atomically
+from rl_training.ckpt_marker import (
+    COMPLETE,
+    STEP_RE,
+    CorruptCheckpointError,
+    step_name,
+    verify_marker,
+    write_atomically,
+)
+from rl_training.errors import UserError
 
-STEP_RE = re.compile(r"^step_(\d{6,})$")
 
-
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     pass
 
 
@@ -64,7 +68,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def ckpt_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+    return Path(run_dir) / "checkpoints" / step_name(step)
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -139,11 +143,7 @@ def save_checkpoint(
     """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0.
     A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together.
     `extra_dirs` (rank 0): directories copied in under the given relative names (past policy adapters)."""
-    if dist.is_dist():
-        states: list = [None] * tdist.get_world_size()
-        tdist.all_gather_object(states, rng_state())
-    else:
-        states = [rng_state()]
+    states = dist.all_gather_objects(rng_state())
     final = ckpt_dir(run_dir, step)
     error = None
     if int(os.environ.get("RANK", 0)) == 0:
@@ -185,7 +185,7 @@ def validate_checkpoint(path: Path) -> int:
         raise CheckpointError(f"{path}: not a checkpoint directory (expected .../checkpoints/step_NNNNNN)")
     if not (path / COMPLETE).exists():
         raise CheckpointError(f"{path}: incomplete checkpoint (no {COMPLETE} marker); refusing to resume")
-    for name in ("adapter/adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"):
+    for name in (ADAPTER_FILE, "optimizer.pt", "scheduler.pt", "trainer_state.json"):
         if not (path / name).exists():
             raise CheckpointError(f"{path}: missing {name}")
     try:
@@ -197,7 +197,8 @@ def validate_checkpoint(path: Path) -> int:
 
 # Keys that define what the saved adapter means: resuming with other values would load wrong shapes or the
 # same weights scaled differently.
-ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")
+ADAPTER_KEYS = ("lora.r", "lora.alpha", "lora.target_modules")  # also what evals.run compares across checkpoints
+ADAPTER_FILE = "adapter/adapter_model.safetensors"
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -235,24 +236,33 @@ def load_cpu(path: Path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_size: int) -> Restored:
-    """Restore adapter, optimizer, scheduler and this rank's RNG state. Call after the model is built."""
-    from peft import set_peft_model_state_dict
+def load_adapter(model, path: Path) -> None:
+    """Load a checkpoint's adapter into the peft model in place (resume and evals.run): every LoRA tensor
+    must be present and fit, and none be left over (a module adapted then but not now, or the reverse)."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        weights = load_file(str(path / ADAPTER_FILE))
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path / ADAPTER_FILE}: unreadable ({e})") from None
+    expected = get_peft_model_state_dict(model)
+    missing, extra = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    wrong = [k for k in expected.keys() & weights.keys() if weights[k].shape != expected[k].shape]
+    if missing or extra or wrong:
+        raise CheckpointError(
+            f"{path / ADAPTER_FILE}: does not fit the model (missing {missing[:2]}, unexpected {extra[:2]}, "
+            f"wrong shape {wrong[:2]})"
+        )
+    set_peft_model_state_dict(model, weights)
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, rank: int, world_size: int) -> Restored:
+    """Restore adapter, optimizer, scheduler and this rank's RNG state. Call after the model is built."""
     path = Path(path)
     step = validate_checkpoint(path)
-    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
-    try:
-        result = set_peft_model_state_dict(model, weights)
-    except RuntimeError as e:  # size mismatch: a different LoRA rank or base model
-        raise CheckpointError(f"{path}: adapter does not fit this model ({str(e).splitlines()[-1].strip()})") from None
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise CheckpointError(f"{path}: adapter has keys this model lacks: {unexpected[:3]}")
-    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-    if missing:  # modules adapted now but not then would silently start from a fresh init
-        raise CheckpointError(f"{path}: adapter lacks {len(missing)} LoRA tensors this model has: {missing[:3]}")
+    load_adapter(model, path)
     # map_location="cpu": a GPU checkpoint loads on a CPU machine, and no rank puts state on GPU 0 (where
     # torch.load would restore CUDA tensors); Optimizer.load_state_dict moves the state to each param's device.
     optimizer.load_state_dict(load_cpu(path / "optimizer.pt"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,14 @@ from pathlib import Path
 from rl_training import faults
 
 COMPLETE = "COMPLETE"
+STEP_RE = re.compile(r"^step_(\d{6,})$")  # a checkpoint directory (checkpoints/step_NNNNNN) or eval result name
+
+
+def step_name(step: int) -> str:
+    """The name of step `step`'s checkpoint directory and of its eval result files (zero-padded: names sort)."""
+    return f"step_{step:06d}"
+
+
 MARKER_FORMAT = 1
 
 

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -39,15 +38,15 @@ import threading
 import time
 from pathlib import Path
 
-from rl_training.config import ConfigError, SyncCfg, check_sync_target
+from rl_training.ckpt_marker import COMPLETE, STEP_RE
+from rl_training.config import ConfigError, SyncCfg
+from rl_training.config_load import check_sync_target
 
 ENV_FALLBACK = {"remote": "RL_SYNC_REMOTE", "bucket": "RL_SYNC_BUCKET", "path": "RL_SYNC_PATH"}
 # rclone's own retries off: the helper's backoff is the retry policy (and what the metrics count).
 RCLONE_ARGS = ["--retries 1"]
-COMPLETE = "COMPLETE"  # rl_training.checkpoint.COMPLETE (not imported: that module imports torch)
 LOGS_FILTER = ["--exclude '/checkpoints/**'"]  # single-quoted: rclone-python hands the line to /bin/sh
 FINAL = "final_checkpoints"  # the end-of-run pass over the kept checkpoints
-STEP = re.compile(r"step_\d{6,}")  # rl_training.checkpoint.STEP_RE
 
 
 def resolve_target(cfg: SyncCfg, run_dir: Path, env=os.environ) -> None:
@@ -204,7 +203,7 @@ class CheckpointSyncer:
         if stopped and self.stop_timeout_s < self.wait_s:
             self.wait_s, self.wait_key = self.stop_timeout_s, "sync.stop_timeout_s"
         root = Path(run_dir).resolve() / "checkpoints"
-        kept = sorted(p.name for p in root.glob("step_*") if STEP.fullmatch(p.name) and (p / COMPLETE).is_file())
+        kept = sorted(p.name for p in root.glob("step_*") if STEP_RE.fullmatch(p.name) and (p / COMPLETE).is_file())
         if kept:
             self._final = kept
             self._send({"name": FINAL, "src": str(root), "dst": f"{self.dest}/checkpoints", "final": kept})

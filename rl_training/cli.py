@@ -9,8 +9,10 @@ import sys
 from collections.abc import Callable
 
 from rl_training import dist
-from rl_training.config import Config, load_config
-from rl_training.errors import USER_ERRORS
+from rl_training.config import Config
+from rl_training.config_load import load_config
+from rl_training.errors import UserError
+from rl_training.exit_codes import USER_ERROR_EXIT_CODE
 
 
 def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=None) -> int:
@@ -18,13 +20,22 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
     ap.add_argument("--cfg", required=True, help="YAML config (see cfg/)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.total_steps=10")
     args = ap.parse_args(argv)
-    try:
+
+    def run() -> int | None:
         cfg = load_config(args.cfg, args.overrides)
         info = dist.init_distributed(cfg.run.dist_timeout_s)  # the process group's timeout is a config value
-        status = body(cfg, info)
-    except USER_ERRORS as e:
+        return body(cfg, info)
+
+    return exit_status_of(run)
+
+
+def exit_status_of(run: Callable[[], int | None]) -> int:
+    """`run()`'s exit status (None: 0); a UserError becomes one line on stderr and USER_ERROR_EXIT_CODE. The
+    process group is destroyed afterwards either way (runners, evals.run, synthesize)."""
+    try:
+        return run() or 0
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return USER_ERROR_EXIT_CODE
     finally:
         dist.cleanup()
-    return status or 0

@@ -173,6 +173,15 @@ def all_gather_objects(obj) -> list:
     return out
 
 
+def all_gather_cat(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate equal-length 1-D tensors from every rank, on x's device."""
+    if not is_dist():
+        return x
+    out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, x)
+    return torch.cat(out)
+
+
 def print0(*args, **kwargs) -> None:
     if int(os.environ.get("RANK", 0)) == 0:
         print(*args, **kwargs, flush=True)

@@ -1,23 +1,10 @@
 """The errors a user's input (or the run's environment) can cause; runners print them as one line and exit with
-status 2."""
+status 2.
 
-from rl_training.checkpoint import CheckpointError
-from rl_training.config import ConfigError
-from rl_training.data.sources import DataError
-from rl_training.metrics import MetricsWriteError
-from rl_training.models import ModelLoadError
-from rl_training.rollout.server import ServerError
-from rl_training.run_lock import RunLockError
-from rl_training.step_guard import NonFiniteError
+A leaf module: each such error class subclasses `UserError` where it is defined (config, data, model,
+checkpoint, vLLM server, run lock, non-finite steps, metrics writes), so catching them imports nothing else."""
 
-# ServerError: a vLLM server that stays unreachable after the retries, or refuses the policy adapter
-USER_ERRORS = (
-    ConfigError,
-    DataError,
-    ModelLoadError,
-    CheckpointError,
-    ServerError,
-    RunLockError,
-    NonFiniteError,
-    MetricsWriteError,
-)
+
+class UserError(Exception):
+    """Bad input or environment, reported as one line (exit status 2), not a bug in this code. A vLLM server
+    that stays unreachable after the retries, or refuses the policy adapter, is one too (ServerError)."""

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import torch
 
+from rl_training.errors import UserError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     pass
 
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from rl_training import dist
 from rl_training.config import derive
+from rl_training.errors import UserError
 
 LOCK_FILE = "LOCK"
 # flock's answers on file systems that cannot lock (NFS without lockd, Lustre mounted without -o flock)
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-class RunLockError(RuntimeError):
+class RunLockError(UserError, RuntimeError):
     """Another process holds the run directory, or its file system cannot lock."""
 
 

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STOPPED_EXIT_CODE = 75  # rl_training.stopping.STOPPED_EXIT_CODE (not imported: that module imports torch)
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 
 ALLOW_EXACT = {
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",

@@ -15,11 +15,12 @@ import math
 import torch
 
 from rl_training import dist
+from rl_training.errors import UserError
 
 QUANTITIES = ("reward", "loss", "grad_norm")
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
     """train.max_consecutive_skips optimizer steps in a row were skipped for non-finite values."""
 
 

@@ -2,7 +2,8 @@
 
 The handler only sets a flag. At the top of every step all ranks all-reduce it (max), so a signal that
 reached any one rank stops every rank at the same step: no rank leaves a collective behind. The runner
-then checkpoints and exits with STOPPED_EXIT_CODE, and a chained job resumes with `ckpt.resume=latest`.
+then checkpoints and exits with STOPPED_EXIT_CODE (rl_training/exit_codes.py), and a chained job resumes
+with `ckpt.resume=latest`.
 
 Under SLURM the workers start with the signal blocked (rl_training/slurm_launch.py): one that arrives
 while they are still importing stays pending and is delivered here, the moment the handler is in place. One
@@ -21,7 +22,6 @@ import torch
 from rl_training import dist
 
 # EX_TEMPFAIL from sysexits.h: stopped before train.total_steps on request, after a checkpoint; run it again.
-STOPPED_EXIT_CODE = 75
 
 
 class StopOnSignal:

@@ -27,12 +27,15 @@ from pathlib import Path
 
 from rl_training import dist
 from rl_training.checkpoint import CheckpointError
-from rl_training.config import ConfigError, load_config, resolve_paths
+from rl_training.cli import exit_status_of
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
+from rl_training.config_resolve import resolve
 from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
-from rl_training.errors import USER_ERRORS
 from rl_training.rewards import TASKS, score_completions
-from rl_training.rollout.base import SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.base import SamplingSpec
+from rl_training.rollout.factory import build_backend
 
 # The data.format sft_runner should read the output with: math answers are graded by their last \boxed /
 # '#### N', which "math" reads from any verified completion (gsm8k's loader insists on '####').
@@ -109,8 +112,7 @@ def synthesize(a: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     cfg = load_config(a.cfg, a.overrides, training=False)
-    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
-    resolve_paths(cfg)
+    cfg = resolve(cfg).cfg
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("synthesize runs as one process (python -m rl_training.synthesize), not under torchrun")
@@ -187,13 +189,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    try:
-        return synthesize(a)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        dist.cleanup()
+    return exit_status_of(lambda: synthesize(a))
 
 
 if __name__ == "__main__":

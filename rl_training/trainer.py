@@ -16,18 +16,21 @@ from dataclasses import dataclass
 import torch
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import token_entropy, token_logprobs, zero_adv_groups
+from rl_training.algs.common import token_entropy, token_logprobs, zero_adv_groups
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,
     KLEstimator,
+    LossInput,
     Objective,
     StepNorm,
     batch_moments,
     batch_std_scale,
     policy_loss,
+    truncated_is_weights,
 )
 from rl_training.packing import PackedRows, pack_sequences, packed_to
+from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.base import Rollouts
 from rl_training.step_guard import nonfinite_agreed
 
@@ -146,7 +149,7 @@ class UpdateHParams:
 
     @classmethod
     def from_config(cls, cfg) -> UpdateHParams:
-        """cfg.loss.clip_low/high must already be resolved (see resolve_objective)."""
+        """cfg.loss.clip_low/high must already be resolved (rl_training/config_resolve.py)."""
         return cls(
             objective=OBJECTIVES[cfg.loss.type],
             inner_epochs=cfg.train.inner_epochs,
@@ -169,16 +172,6 @@ class UpdateHParams:
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0 or self.log_kl
-
-
-def resolve_objective(cfg) -> Objective:
-    """The objective of loss.type; unset clip bounds take its paper values (written back so they are logged)."""
-    objective = OBJECTIVES[cfg.loss.type]
-    if cfg.loss.clip_low is None:
-        cfg.loss.clip_low = objective.clip_low
-    if cfg.loss.clip_high is None:
-        cfg.loss.clip_high = objective.clip_high
-    return objective
 
 
 def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int, device: torch.device) -> torch.Tensor:
@@ -274,7 +267,7 @@ def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_
     if tis_cap <= 0:
         return None
     stats.add("is_truncated", (rho > tis_cap).sum())
-    return torch.clamp(torch.exp(logp - mb.rollout_logp), max=tis_cap) * mb.mask
+    return truncated_is_weights(logp, mb.rollout_logp, mb.mask, tis_cap)
 
 
 @contextmanager
@@ -312,6 +305,9 @@ def reference_logprobs(model, micro_batches: list[MicroBatch], temperature: floa
         ]
 
 
+NULL_PROBES = NullProbes()
+
+
 def train_on_rollouts(
     model,
     optimizer,
@@ -320,9 +316,9 @@ def train_on_rollouts(
     micro_batches: list[MicroBatch],
     hp: UpdateHParams,
     norm: StepNorm,
-    probes=None,
+    probes: StepProbes | NullProbes = NULL_PROBES,
 ) -> TrainStats:
-    """One rollout batch: `inner_epochs` optimizer steps. `probes` (a StepProbes or None) reads the small
+    """One rollout batch: `inner_epochs` optimizer steps. `probes` (StepProbes, or NullProbes when off) reads the small
     gradients and importance weights of epoch 0 and the PPO ratios of the last epoch; it never edits `.grad`."""
     with checkpointing_without_dropout(model):
         return _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, norm, probes)
@@ -336,7 +332,7 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
-            with probes.micro(mb) if probes is not None and epoch == 0 else nullcontext():
+            with probes.micro(mb) if epoch == 0 else nullcontext():
                 logits = forward_logits(model, mb)
                 logp = mb.unpack(token_logprobs(logits, mb.row_targets, hp.temperature))
                 if epoch == 0:
@@ -346,23 +342,25 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
                     s.add("entropy_sum", (entropy * mb.mask).sum())
                 del logits  # else they would outlive backward, into the next micro-batch's forward
                 out = policy_loss(
-                    hp.objective,
-                    logp,
-                    old_logps[i],
-                    mb.advantages,
-                    mb.mask,
-                    norm,
-                    hp.clip_low,
-                    hp.clip_high,
-                    ref_logps[i],
-                    hp.kl_coef,
-                    hp.kl_estimator,
-                    is_weights[i],
+                    LossInput(
+                        objective=hp.objective,
+                        logp=logp,
+                        old_logp=old_logps[i],
+                        advantages=mb.advantages,
+                        mask=mb.mask,
+                        norm=norm,
+                        clip_low=hp.clip_low,
+                        clip_high=hp.clip_high,
+                        ref_logp=ref_logps[i],
+                        kl_coef=hp.kl_coef,
+                        kl_estimator=hp.kl_estimator,
+                        is_weights=is_weights[i],
+                    )
                 )
                 out.loss.backward()
-            if probes is not None and epoch == 0:
+            if epoch == 0:
                 probes.observe_rollout(mb, old_logps[i], is_weights[i])
-            if probes is not None and epoch == hp.inner_epochs - 1 and epoch > 0:
+            if epoch == hp.inner_epochs - 1 and epoch > 0:
                 probes.observe_ppo(mb, logp, old_logps[i])
             s.add("loss", out.loss)
             s.add("pg_loss", out.pg_loss)
@@ -373,10 +371,10 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
         for p in params:  # a rank whose groups were all dropped still joins the all-reduce
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if probes is not None and epoch == 0:
+        if epoch == 0:
             probes.before_allreduce()
         dist.average_gradients_(params)
-        if probes is not None and epoch == 0:
+        if epoch == 0:
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
         s.add("grad_norm", grad_norm / hp.inner_epochs)

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str, name: str):
     from rl_training import dist
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.runners.rl_runner import setup
 
     cfg = load_config(

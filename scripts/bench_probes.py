@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from rl_training import dist
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.runners.rl_runner import rl_step, setup
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -84,7 +84,7 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
 # Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
 def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path, extra: list[str] = ()):
     from rl_training import dist
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.runners.rl_runner import rl_step, setup
 
     over = [

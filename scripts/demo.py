@@ -55,14 +55,14 @@ def torchrun(script: str, cfg: str, overrides: list[str]) -> None:
 
 def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
     """Greedy and sampled (4 per prompt, the training temperature, seed 1234 for both models) scores with the
-    eval pipeline's code: the training prompt template and grader (evals/evaluate.py)."""
+    eval pipeline's code: the training prompt template and grader (rl_training/evaluation/evaluate.py)."""
     import torch
 
-    from evals.evaluate import EvalSettings, evaluate_policy
-    from evals.metrics import summarize
     from rl_training import code
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
+    from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
+    from rl_training.evaluation.pass_at_k import summarize
     from rl_training.models import load_base_model, load_tokenizer
     from rl_training.rewards import TASKS
     from rl_training.rollout.hf import HFBackend
@@ -103,8 +103,8 @@ def main() -> int:
     sft_default, rl_default, make_data, headline = DEMOS[a.task]
     a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config import load_config
-    from rl_training.rollout.base import resolve_backend_name
+    from rl_training.config_load import load_config
+    from rl_training.rollout.factory import resolve_backend_name
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")

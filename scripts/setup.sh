@@ -70,6 +70,17 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup: code rewards need bubblewrap: sudo apt-get install -y bubblewrap (docs/code.md)" >&2
   fi
 fi
+# rclone (checkpoint upload, sync.remote) and shellcheck (the shell-script tests): the tests never install
+# system packages themselves; installed here when root with apt-get (.ci/run installs them too).
+for pkg in rclone shellcheck; do
+  command -v "$pkg" >/dev/null 2>&1 && continue
+  if [ "$EUID" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$pkg" >/dev/null \
+      || echo "setup: could not install $pkg (its tests will skip)" >&2
+  else
+    echo "setup: the $pkg tests skip without it: sudo apt-get install -y $pkg" >&2
+  fi
+done
 
 
 want="$platform $(cat requirements.txt "requirements-$platform.txt" requirements-extras.txt pyproject.toml | sha256sum | cut -d' ' -f1)"

@@ -61,9 +61,29 @@ def run_overrides(warm_model, reverse_data, tmp_path) -> list[str]:
     return [f"model.name_or_path={warm_model}", *data_overrides(reverse_data), f"run.output_dir={tmp_path / 'runs'}"]
 
 
+# Test layers (the unit / integration / cluster markers of pyproject.toml), by file: cluster tests need a real
+# Slurm, rclone or the cluster shell scripts; integration tests run the real runner, torchrun, vLLM or a server;
+# everything else is a unit test of pure functions and small components. `pytest -m unit` is the fast loop.
+CLUSTER = {"test_slurm", "test_ckpt_sync", "test_lambda_scripts", "test_search_slurm", "test_setup_script"}
+INTEGRATION = {
+    "test_runner", "test_ddp", "test_evals", "test_vllm_backend", "test_vllm_lora", "test_server_backend",
+    "test_server_gpu", "test_reliability_runs", "test_reliability_faults", "test_demo", "test_gpu", "test_gpu_check",
+    "test_bench", "test_stop_signal", "test_code_humaneval", "test_code_evals", "test_sft_and_tasks", "test_grading",
+}  # fmt: skip
+
+
+def layer_of(module_name: str) -> str:
+    name = module_name.rpartition(".")[2]
+    return "cluster" if name in CLUSTER else "integration" if name in INTEGRATION else "unit"
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA; on CPU machines (development, CI) they are collected and skipped."""
+    """Each test gets its layer marker; `gpu` tests need CUDA: on CPU machines (development, CI) they are
+    collected and skipped."""
     import torch
+
+    for item in items:
+        item.add_marker(getattr(pytest.mark, layer_of(item.module.__name__)))
 
     if torch.cuda.is_available():
         return

@@ -84,7 +84,7 @@ def ddp_batch():
 def train_worker(rank: int, world: int, port: int, out: str, overrides: list[str]) -> None:
     """The real runner on 2 ranks: three RL steps, then report prompts, adapter and metrics."""
     from rl_training import dist
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.runners import rl_runner
 
     info = _init(rank, world, port)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import ConfigError, load_config
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.rollout.async_queue import (
     behavior_version,
     make_rollouts,
@@ -26,7 +28,6 @@ from rl_training.rollout.async_queue import (
 )
 from rl_training.rollout.base import Rollouts
 from rl_training.runners import rl_runner
-from rl_training.stopping import STOPPED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")

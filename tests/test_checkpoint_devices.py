@@ -13,10 +13,10 @@ import torch
 import torch.serialization
 
 from rl_training import checkpoint as ck
+from rl_training.assembly import build_optimizer
 from rl_training.ckpt_marker import file_records
-from rl_training.config import load_config, to_yaml
+from rl_training.config_load import load_config, to_yaml
 from rl_training.models import build_policy, trainable_parameters
-from rl_training.setup import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 # torch.load of a cuda-tagged file only fails where CUDA is missing: what these tests stage.

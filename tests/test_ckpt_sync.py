@@ -16,7 +16,8 @@ import pytest
 from rl_training import ckpt_sync
 from rl_training.checkpoint import COMPLETE, list_checkpoints
 from rl_training.ckpt_sync import CheckpointSyncer, destination, resolve_target, upload
-from rl_training.config import ConfigError, SyncCfg, load_config, to_yaml
+from rl_training.config import ConfigError, SyncCfg
+from rl_training.config_load import load_config, to_yaml
 from rl_training.runners import rl_runner
 from tests.system_packages import require_debian_packages
 

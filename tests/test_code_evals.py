@@ -1,5 +1,5 @@
 """Evals of code tasks: pass@k (the unbiased HumanEval estimator) from sandbox verdicts, through the same
-grader and pool as training (evals.evaluate -> score_completions -> the code Task's batch scorer)."""
+grader and pool as training (rl_training.evaluation.evaluate -> score_completions -> the code Task's batch scorer)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from evals.evaluate import EvalSettings, evaluate_policy
-from evals.metrics import summarize
 from rl_training.code.tasks import get_pool
 from rl_training.data.sources import load_examples
+from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
+from rl_training.evaluation.pass_at_k import summarize
 from rl_training.models import load_tokenizer
 from rl_training.rewards import TASKS
 from tests.test_evals import CannedBackend

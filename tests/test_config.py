@@ -6,16 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import (
-    ConfigError,
-    all_keys,
-    check_trainable_dtype,
-    derive,
-    load_config,
-    reference,
-    to_yaml,
-    write_reference,
-)
+from rl_training.config import ConfigError, all_keys, derive
+from rl_training.config_load import check_trainable_dtype, load_config, to_yaml
+from rl_training.config_ref import reference, write_reference
 
 CFG_DIR = Path(__file__).resolve().parents[1] / "cfg"
 
@@ -272,7 +265,7 @@ def test_string_overrides_are_verbatim():
 
 
 def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
-    from rl_training.config import resolve_paths
+    from rl_training.config_resolve import resolve_paths
 
     monkeypatch.chdir(tmp_path)
     for d in ["models/m", "math500", "latest"]:  # 'latest' as a directory: ckpt.resume=latest is still the keyword

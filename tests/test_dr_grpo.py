@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, k3_kl, token_entropy, token_logprobs
-from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+from rl_training.algs.common import group_advantages, k3_kl, token_entropy, token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 
 DR_GRPO = OBJECTIVES["dr_grpo"]
 
@@ -16,7 +16,7 @@ DR_GRPO = OBJECTIVES["dr_grpo"]
 def dr_grpo(logp, old_logp, adv, mask, normalizer, clip_low=0.2, clip_high=0.2, **kw):
     """The trainer's Dr-GRPO loss with the step constant `normalizer` (= seqs x max_new_tokens, seqs = 1)."""
     norm = StepNorm(seqs=1, tokens=float(mask.sum()), max_new_tokens=normalizer)
-    return policy_loss(DR_GRPO, logp, old_logp, adv, mask, norm, clip_low, clip_high, **kw)
+    return policy_loss(LossInput(DR_GRPO, logp, old_logp, adv, mask, norm, clip_low, clip_high, **kw))
 
 
 def test_group_advantages_hand_values():

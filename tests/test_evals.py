@@ -1,375 +1,33 @@
-"""The eval pipeline: pass@k / maj@k against enumeration, grading edge cases, one grader and one template
-shared with training, step 0 = the base model exactly, in-loop eval, and `python -m evals.run` end to end."""
+"""The eval pipeline: step 0 = the base model exactly, the in-loop eval, and `python -m evals.run` end to end
+(pass@k / maj@k: test_eval_metrics.py; grading and the shared template: test_eval_grading.py)."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
-import itertools
 import json
-import math
 import os
-import random
 import shutil
 import subprocess
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
 
-from evals.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set, read_problems
-from evals.metrics import maj_at_k, pass_at_k, summarize
-from rl_training import dist
-from rl_training.config import ConfigError, load_config
-from rl_training.data.sources import load_examples
-from rl_training.rewards import TASKS, math_answer_classes, math_has_answer, math_reward, reverse_reward
-from rl_training.rollout.base import Rollouts
+from rl_training.config_load import load_config
+from rl_training.evaluation.evaluate import read_problems
+from rl_training.evaluation.pass_at_k import summarize
+from rl_training.rewards import reverse_reward
 from rl_training.runners import rl_runner
+from tests.enumeration import maj_by_enumeration, pass_by_enumeration
+from tests.launch import RL_RUNNER, torchrun_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
 FIXTURES = REPO / "tests" / "fixtures"
 GSM8K = FIXTURES / "gsm8k_test_sample.jsonl"
 MATH500 = FIXTURES / "math500_sample.jsonl"
-
-
-# ------------------------------------------------------------------------------------------ brute force
-def pass_by_enumeration(correct: list[bool], k: int) -> float:
-    subsets = list(itertools.combinations(correct, k))
-    return sum(any(s) for s in subsets) / len(subsets)
-
-
-def maj_by_enumeration(classes: list, correct: list[bool], k: int) -> float:
-    """The definition, literally: every k-subset votes; ties split evenly; no votes = wrong."""
-    total, subsets = 0.0, list(itertools.combinations(range(len(classes)), k))
-    for s in subsets:
-        votes: dict = {}
-        for i in s:
-            if classes[i] is not None:
-                votes.setdefault(classes[i], []).append(correct[i])
-        if votes:
-            top = max(map(len, votes.values()))
-            winners = [v for v in votes.values() if len(v) == top]
-            total += sum(sum(v) / len(v) for v in winners) / len(winners)
-    return total / len(subsets)
-
-
-# ------------------------------------------------------------------------------------------------ pass@k
-@pytest.mark.parametrize(
-    "n, c, k, expected",
-    [
-        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
-        (4, 1, 1, 0.25),  # pass@1 = c/n
-        (10, 3, 1, 0.3),
-        (8, 1, 4, 0.5),  # 1 - C(7,4)/C(8,4) = 1 - 35/70
-        (10, 0, 5, 0.0),  # nothing correct
-        (10, 10, 1, 1.0),
-        (6, 4, 3, 1.0),  # n - c = 2 < k = 3: every 3-subset holds a correct sample
-        (20, 1, 20, 1.0),
-    ],
-)
-def test_pass_at_k_values(n, c, k, expected):
-    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
-
-
-def test_pass_at_k_matches_enumeration_of_all_subsets():
-    for n in range(1, 11):
-        for c in range(n + 1):
-            correct = [True] * c + [False] * (n - c)
-            for k in range(1, n + 1):
-                assert pass_at_k(n, c, k) == pytest.approx(pass_by_enumeration(correct, k), abs=1e-12), (n, c, k)
-
-
-def test_pass_at_k_is_stable_for_large_n():
-    # C(1000, 500) overflows float64; the product form does not. Exact value with rationals:
-    n, c, k = 1000, 3, 500
-    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
-    assert pass_at_k(n, c, k) == pytest.approx(float(exact), rel=1e-12)  # = 1 - (1/2)(499/999)(498/998) ~ 0.875
-
-
-def test_pass_at_k_rejects_impossible_counts():
-    for n, c, k in [(4, 5, 1), (4, 1, 5), (4, 1, 0), (4, -1, 1)]:
-        with pytest.raises(ValueError, match="pass@k needs"):
-            pass_at_k(n, c, k)
-
-
-# ------------------------------------------------------------------------------------------------- maj@k
-@pytest.mark.parametrize(
-    "classes, correct, k, expected",
-    [
-        # Subsets of size 2 of {A1, A2, B}: {A,A} -> A right; {A1,B}, {A2,B} tie -> 1/2 each: (1 + .5 + .5) / 3
-        (["A", "A", "B"], [True, True, False], 2, 2 / 3),
-        (["A", "A", "B"], [True, True, False], 3, 1.0),  # A has 2 of 3 votes
-        (["A", "A", "B"], [True, True, False], 1, 2 / 3),  # maj@1 = pass@1
-        # {A,-}: A wrong -> 0; {A,B}: tie -> 1/2; {-,B}: B right -> 1: (0 + .5 + 1) / 3
-        (["A", None, "B"], [False, False, True], 2, 0.5),
-        ([None, None], [False, False], 1, 0.0),  # nobody votes: wrong
-        # 4 samples, the correct class B has 1 vote, A has 3: only subsets without 2+ A's let B win.
-        # k=2: {A,A} x3 -> 0, {A,B} x3 -> tie 1/2: 1.5 / 6
-        (["A", "A", "A", "B"], [False, False, False, True], 2, 0.25),
-    ],
-)
-def test_maj_at_k_values(classes, correct, k, expected):
-    assert maj_at_k(classes, correct, k) == pytest.approx(expected, abs=1e-12)
-
-
-def test_maj_at_k_matches_enumeration_of_all_subsets():
-    rng = random.Random(0)
-    for _ in range(300):
-        n = rng.randint(1, 10)
-        classes = [rng.choice([0, 1, 2, 3, None]) for _ in range(n)]
-        if rng.random() < 0.5:  # a consistent grader: a class is right or wrong as a whole
-            right = {c: rng.random() < 0.4 for c in range(4)}
-            correct = [c is not None and right[c] for c in classes]
-        else:  # members of one class graded differently: the class counts in proportion
-            correct = [c is not None and rng.random() < 0.5 for c in classes]
-        for k in range(1, n + 1):
-            assert maj_at_k(classes, correct, k) == pytest.approx(maj_by_enumeration(classes, correct, k), abs=1e-12), (
-                classes,
-                correct,
-                k,
-            )
-
-
-def test_maj_at_k_large_n_is_fast_and_exact_on_a_known_case():
-    # 64 distinct answers, one right: a k-subset containing it (prob k/64) is a k-way tie won with 1/k.
-    classes, correct = list(range(64)), [True] + [False] * 63
-    assert maj_at_k(classes, correct, 8) == pytest.approx(1 / 64)
-
-
-def record(greedy_correct, sample_correct, classes=None, reward=None):
-    classes = classes or list(range(len(sample_correct)))
-    g = {"text": "", "reward": reward if reward is not None else float(greedy_correct), "correct": greedy_correct}
-    g.update(formatted=True, length=4, truncated=False)
-    samples = [
-        {"text": "", "reward": float(c), "correct": c, "formatted": c, "length": 2 + i, "truncated": i == 0}
-        | {"answer_class": cl}
-        for i, (c, cl) in enumerate(zip(sample_correct, classes, strict=True))
-    ]
-    return {"greedy": g, "samples": samples}
-
-
-def test_summarize_values():
-    problems = [
-        record(True, [True, False, False, False], classes=[0, 1, 1, 2]),
-        record(False, [False, False, False, False], reward=0.5),
-    ]
-    m = summarize(problems, ks=[1, 2])
-    assert m["accuracy"] == 0.5 and m["reward_mean"] == 0.75  # (1 + 0.5) / 2
-    assert m["pass@1"] == pytest.approx((1 / 4 + 0) / 2)
-    assert m["pass@2"] == pytest.approx((1 - math.comb(3, 2) / math.comb(4, 2)) / 2)  # (1 - 3/6) / 2
-    # problem 1, k=2: the right class 0 ties in {0,1},{0,1},{0,2} -> 3 x 1/2 of 6 subsets = 1/4
-    assert m["maj@2"] == pytest.approx(0.25 / 2)
-    assert m["sampled_format_rate"] == pytest.approx(1 / 8) and m["sampled_truncation_rate"] == 0.25
-    assert m["sampled_response_len_mean"] == pytest.approx(3.5)  # lengths 2, 3, 4, 5
-    assert set(summarize([record(True, [])], ks=[])) == {
-        "accuracy",
-        "reward_mean",
-        "format_rate",
-        "response_len_mean",
-        "truncation_rate",
-    }
-
-
-def test_eval_config_checks_k_against_samples():
-    with pytest.raises(ConfigError, match=r"eval.ks=\[1, 16\]: k=16 is outside 1..eval.num_samples=8"):
-        load_config(None, ["eval.ks=[1,16]"])
-    with pytest.raises(ConfigError, match="k=0"):
-        load_config(None, ["eval.ks=[0]"])
-    assert load_config(None, ["eval.num_samples=0", "eval.ks=[]"]).eval.ks == []
-
-
-# ---------------------------------------------------------------------------------------------- grading
-@pytest.mark.parametrize(
-    "completion, reference, expected",
-    [
-        # LaTeX fractions, either side
-        (r"\boxed{\frac{3}{4}}", "0.75", 1.0),
-        (r"\boxed{\dfrac{3}{4}}", "3/4", 1.0),
-        (r"\boxed{\tfrac34}", r"\frac{3}{4}", 1.0),
-        (r"\boxed{-\frac{1}{2}}", "-0.5", 1.0),
-        (r"\boxed{\frac{2}{4}}", r"\frac{1}{2}", 1.0),
-        (r"\boxed{\frac{1}{3}}", "0.5", 0.0),
-        # commas in numbers
-        ("The answer is 1,234.", "1234", 1.0),
-        ("#### 1,234", "1234", 1.0),
-        ("#### 1234", "1,234", 1.0),
-        ("#### 1,234,567", "1234567", 1.0),
-        ("#### 1,235", "1234", 0.0),
-        # units and currency
-        ("The total is $18.", "18", 1.0),
-        ("#### $18", "18", 1.0),
-        ("She makes 18 dollars", "18", 1.0),
-        ("#### 18 dollars", "18", 1.0),
-        (r"\boxed{\$18}", "18", 1.0),
-        (r"\boxed{18 \text{ dollars}}", "18", 1.0),
-        (r"\boxed{5\text{ cm}}", "5", 1.0),
-        ("#### 18%", "18", 1.0),
-        # a bare unit word in the box: the number is graded (math-verify alone reads '18 dollars' as 18*d*o*...)
-        (r"\boxed{18 dollars}", "18", 1.0),
-        (r"\boxed{18 dollars}", "19", 0.0),  # ... and still compared
-        (r"\boxed{12 cookies}", "12", 1.0),
-        (r"\boxed{3 books}", "3", 1.0),
-        (r"\boxed{1,234 pages}", "1234", 1.0),
-        (r"\boxed{40 people}", "40", 1.0),
-        (r"\boxed{-6 eggs}", "-6", 1.0),
-        (r"\boxed{2.5 points}", "2.5", 1.0),
-        (r"\boxed{7 weeks}", "7", 1.0),
-        (r"\boxed{\$15 per hour.}", "15", 1.0),
-        (r"\boxed{1/2 cup}", "0.5", 1.0),
-        (r"\boxed{9 blue marbles}", "9", 1.0),
-        (r"\boxed{5 x}", "5", 0.0),  # one letter is algebra: 5x, not 5
-        (r"\boxed{x^2}", "x^2", 1.0),
-        (r"\boxed{\frac{1}{2}}", "1/2", 1.0),
-        # several boxes: the last complete one alone (math-verify alone grades {5, 7} as a set)
-        (r"First guess \boxed{5}. Wait: \boxed{7}", "7", 1.0),
-        (r"First guess \boxed{5}. Wait: \boxed{7}", "5", 0.0),
-        (r"$\boxed{2}$, no: $\boxed{\frac{1}{2}}$", "0.5", 1.0),  # braces matched through \frac{1}{2}
-        (r"\boxed{\{1, 2\}} or maybe \boxed{3}", "3", 1.0),
-        (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),  # escaped braces do not close the box
-        (r"So \boxed{5}. Or \boxed{1", "5", 1.0),  # a box cut off by the token limit is passed over
-        (r"#### 4 then \boxed{9}", "9", 1.0),  # a complete box beats '#### N'
-        (r"\fbox{7}", "7", 1.0),
-        # trailing text after the answer
-        (r"The answer is \boxed{72}. Check: 70 + 2 = 72, and 5 is not it.", "72", 1.0),
-        ("#### 72 apples.", "72", 1.0),
-        ("#### 72\n\nQuestion: Tom has 99 marbles", "72", 1.0),  # text generated after the answer
-        ("So 72 is wrong, it is 73\n#### 73\nDone after 2 checks", "72", 0.0),
-        ("#### 72.00", "72", 1.0),
-        ("#### Step 1: 70 + 2\nSo the total is 72", "72", 1.0),  # a markdown heading is not '#### N'
-        ("#### Final answer\nThe answer is 72", "72", 1.0),
-        ("I don't know", "72", 0.0),
-    ],
-)
-def test_math_grader_edge_cases(completion, reference, expected):
-    assert math_reward(completion, reference) == expected
-
-
-@pytest.mark.parametrize(
-    "reference, right, wrong",
-    [
-        # MATH answers are bare LaTeX: parsed as a whole, not as their first number.
-        (r"2\sqrt{13}", r"\boxed{2\sqrt{13}}", r"\boxed{2}"),
-        ("5 - 5i", r"\boxed{5-5i}", r"\boxed{5}"),
-        ("2^{10}", r"\boxed{1024}", r"\boxed{2}"),
-        (r"\left( 3, \frac{\pi}{2} \right)", r"\boxed{(3, \frac{\pi}{2})}", r"\boxed{3}"),
-        (r"\text{Evelyn}", r"\boxed{\text{Evelyn}}", r"\boxed{\text{Bob}}"),
-        (r"\$32,\!348", r"\boxed{32348}", r"\boxed{32}"),
-        ("p - q", r"\boxed{p-q}", r"\boxed{q-p}"),
-    ],
-)
-def test_math_reference_is_a_whole_answer(reference, right, wrong):
-    assert math_reward(right, reference) == 1.0
-    assert math_reward(wrong, reference) == 0.0
-
-
-def test_format_check_and_answer_classes():
-    assert math_has_answer("#### 5") and math_has_answer(r"so \boxed{5}") and not math_has_answer("it is 5")
-    # 0.5 and 1/2 are one vote; no answer does not vote; '#### 3' and '3.0 apples' agree
-    texts = ["#### 0.5", r"\boxed{\frac12}", "no idea", "#### 3", "#### 3.0 apples\nthen 99", ""]
-    assert math_answer_classes(texts) == [0, 0, None, 1, 1, None]
-    # votes use the graded answer too: the last box (7, not {5, 7}), the number before a unit word
-    texts = [r"\boxed{5}. Wait: \boxed{7}", "#### 7", r"\boxed{7 dollars}", r"\boxed{5}"]
-    assert math_answer_classes(texts) == [0, 0, 0, 1]
-    assert TASKS["reverse"].answer_classes([" ab", "ab ", "", "ba"], 1.0) == [0, 0, None, 1]
-
-
-def test_gsm8k_and_math500_files(tmp_path, monkeypatch):
-    gsm = load_examples(str(GSM8K), "gsm8k")
-    assert [e.reference for e in gsm] == ["18", "3", "1234", "13.5"]  # '#### 1,234' -> '1234'
-    # MATH-500's `answer` field is taken as it is; the `solution` field gives its last \boxed: the same answer.
-    by_answer = load_examples(str(MATH500), "math", "problem", "answer")
-    by_solution = load_examples(str(MATH500), "math", "problem", "solution")
-    assert [e.reference for e in by_answer] == [e.reference for e in by_solution]
-    assert by_answer[0].reference == r"\left( 3, \frac{\pi}{2} \right)"
-    for e in by_answer:
-        assert math_reward(f"The answer is $\\boxed{{{e.reference}}}$.", e.reference) == 1.0
-    # A `datasets` name 'name@split' (here a local dataset directory, read by `datasets` offline).
-    import datasets
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
-    (tmp_path / "math500").mkdir()
-    shutil.copy(MATH500, tmp_path / "math500" / "test.jsonl")
-    hub = load_examples(f"{tmp_path / 'math500'}@test", "math", "problem", "answer")
-    assert [e.reference for e in hub] == [e.reference for e in by_answer]
-
-
-# ------------------------------------------------------------------------- one grader, one template
-class CannedBackend:
-    """Answers each prompt with fixed texts (cycled over n), tokenized like a real completion."""
-
-    name = "canned"
-
-    def __init__(self, tokenizer, texts_by_prompt: dict[tuple, list[str]]):
-        self.tok, self.texts = tokenizer, texts_by_prompt
-        self.seen: list[list[int]] = []
-
-    def generate(self, prompts, spec):
-        self.seen += prompts
-        texts = [self.texts[tuple(p)][j % len(self.texts[tuple(p)])] for p in prompts for j in range(spec.n)]
-        ids = [[*self.tok(t, add_special_tokens=False).input_ids, self.tok.eos_token_id] for t in texts]
-        expanded = [p for p in prompts for _ in range(spec.n)]
-        return Rollouts(expanded, ids, [[0.0] * len(i) for i in ids], [False] * len(ids), texts)
-
-    def sync_weights(self, model):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake(self):
-        pass
-
-    def metrics(self):
-        return {}
-
-    def close(self):
-        pass
-
-
-def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypatch):
-    """The training step and the eval see the same prompt ids for a question and give a completion the same
-    reward, correctness and format verdict."""
-    data = [f"data.train={GSM8K}", f"data.eval={GSM8K}", "data.format=gsm8k", "data.max_prompt_tokens=512"]
-    cfg = load_config(TESTCFG, [*run_overrides, *data, "data.prompt_template=Q: {question}\nA:"])
-    run = rl_runner.setup(cfg, dist.init_distributed())
-    try:
-        answers = ["#### 18", "She makes $18 a day.", "#### 1,234", r"\boxed{13.50} dollars", "#### 3\nthen 99", "7"]
-        canned = CannedBackend(run.tokenizer, {tuple(p): answers for p in run.prompts})
-        run.backend = canned
-        graded = {}
-        real_score = rl_runner.score_completions
-
-        def recording_score(task, texts, examples, timeout_s):
-            s = real_score(task, texts, examples, timeout_s)
-            for t, ex, *v in zip(texts, examples, s.rewards, s.correct, s.formatted, strict=True):
-                graded[(t, ex.reference)] = tuple(v)
-            return s
-
-        monkeypatch.setattr(rl_runner, "score_completions", recording_score)
-        rl_runner.rl_step(run, 0)
-        train_prompts = list(canned.seen)
-        assert len(graded) > 4 and any(v[1] for v in graded.values()) and not all(v[1] for v in graded.values())
-
-        canned.seen = []
-        # The prompts as evals.run and the in-loop eval build them, not re-encoded here.
-        examples, eval_prompts = load_eval_set(cfg, run.tokenizer)
-        assert InLoopEval(cfg, run.tokenizer, run.info, run.d.run_dir).prompts == eval_prompts
-        es = EvalSettings.from_config(load_config(None, ["eval.num_samples=6", "eval.ks=[1]"]))
-        records, _ = evaluate_policy(canned, eval_prompts, examples, TASKS["gsm8k"], es)
-        assert len(examples) == 4 and all(tuple(p) in {tuple(q) for q in run.prompts} for p in canned.seen)
-        assert {tuple(p) for p in train_prompts} <= {tuple(p) for p in canned.seen}  # one template
-        in_eval = {
-            (s["text"], r["reference"]): (s["reward"], s["correct"], s["formatted"])
-            for r in records
-            for s in r["samples"]
-        }
-        for key, verdict in graded.items():
-            assert in_eval[key] == verdict, key
-    finally:
-        run.logger.close()
 
 
 # ------------------------------------------------------------------------------------------ step 0 = base
@@ -402,8 +60,7 @@ def test_step0_is_exactly_the_base_model(run_overrides, warm_model):
 def test_load_adapter_rejects_what_does_not_fit(run_overrides, tmp_path):
     from safetensors.torch import save_file
 
-    from evals.run import load_adapter
-    from rl_training.checkpoint import CheckpointError
+    from rl_training.checkpoint import CheckpointError, load_adapter
     from rl_training.models import build_policy
 
     cfg = load_config(TESTCFG, run_overrides)
@@ -466,7 +123,7 @@ def test_inloop_eval_logs_and_leaves_training_unchanged(trained_run, run_overrid
 
 # ---------------------------------------------------------------------------------------------- evals.run
 def recompute(problems: list[dict], ks: list[int]) -> dict[str, float]:
-    """The metrics from the per-problem file by the definitions (enumeration, not evals.metrics)."""
+    """The metrics from the per-problem file by the definitions (enumeration, not rl_training.evaluation.pass_at_k)."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     out = {
         "accuracy": mean([p["greedy"]["correct"] for p in problems]),
@@ -550,7 +207,7 @@ def fake_checkpoint(run_dir: Path, step: int, config: str | bytes) -> None:
 
 def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
     from evals.run import usable_targets
-    from rl_training.config import to_yaml
+    from rl_training.config_load import to_yaml
 
     a, b = (to_yaml(load_config(None, [f"model.name_or_path=/models/{m}", "rollout.backend=hf"])) for m in "ab")
     for step, text in [(1, b), (2, a), (3, a), (4, ""), (5, b"model:\n  name_or_path: caf\xe9\n")]:
@@ -721,11 +378,11 @@ def test_evals_run_gsm8k_and_math500_formats(trained_run, capsys):
 def test_evals_run_with_vllm_matches_hf_and_is_seeded(trained_run, monkeypatch):
     # No capsys here: vLLM's logger keeps the stream it first sees, and capsys closes its stream afterwards.
     from evals import run as evals_run
-    from rl_training.rollout import base
+    from rl_training.rollout import factory
 
     built = []
-    real_build = base.build_backend
-    monkeypatch.setattr(base, "build_backend", lambda *a: built.append(real_build(*a)) or built[-1])
+    real_build = factory.build_backend
+    monkeypatch.setattr(factory, "build_backend", lambda *a: built.append(real_build(*a)) or built[-1])
     args = ["--run-dir", str(trained_run), "--backend", "vllm", "--name", "vllm", "vllm.kv_cache_gb=0.1"]
     assert evals_run.main(args) == 0
     assert [b.name for b in built] == ["vllm"]  # one engine for the 3 evaluations (steps 0, 1, 2)
@@ -759,13 +416,9 @@ def test_inloop_eval_with_vllm_leaves_training_unchanged(run_overrides, tmp_path
 
 @pytest.mark.slow
 def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--standalone",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
+    cmd = torchrun_cmd(
+        2,
+        RL_RUNNER,
         "--cfg",
         TESTCFG,
         *run_overrides,
@@ -773,7 +426,7 @@ def test_inloop_eval_on_two_ranks(run_overrides, tmp_path):
         "eval.every=2",
         "eval.num_prompts=31",  # an odd count: rank 0 takes 16 problems, rank 1 takes 15
         *EVAL_KEYS,
-    ]
+    )
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env={**os.environ})
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "testconfig"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rl_training import dist
-from rl_training.config import load_config
+from rl_training.config_load import load_config
 from rl_training.runners import rl_runner
+from tests.launch import RL_RUNNER, torchrun_cmd
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[1]
@@ -49,20 +49,9 @@ def test_two_rank_nccl_run(run_overrides, tmp_path):
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
-        "--cfg",
-        TESTCFG,
-        *run_overrides,
-        *CUDA_VLLM,
-        "vllm.memory_fraction=0.2",
-        "train.total_steps=3",
-    ]
+    cmd = torchrun_cmd(
+        2, RL_RUNNER, "--cfg", TESTCFG, *run_overrides, *CUDA_VLLM, "vllm.memory_fraction=0.2", "train.total_steps=3"
+    )
     r = subprocess.run(
         cmd, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=1800
     )
@@ -126,10 +115,8 @@ def test_nccl_all_reduce_on_two_gpus():
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    r = subprocess.run(
-        [*cmd, str(REPO / "scripts" / "gpu_check.py"), "--nccl-worker"], capture_output=True, text=True, timeout=600
-    )
+    cmd = torchrun_cmd(2, REPO / "scripts" / "gpu_check.py", "--nccl-worker")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # ranks contribute 1 and 2: both hold 3 after the sum
     assert sorted(x for x in r.stdout.splitlines() if x.startswith("nccl-sum")) == [

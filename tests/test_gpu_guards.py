@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rl_training import dist, metrics
-from rl_training.config import ConfigError, load_config
+from rl_training import dist, step_metrics
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.models import ModelLoadError, check_attn_implementation
 from rl_training.rollout.vllm_engine import SEED_BITS, completion_seeds
 from tests.test_ddp import free_port
@@ -89,8 +90,8 @@ def test_peak_cuda_memory_is_reset_every_step(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: peak["v"])
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: peak.update(v=2**30))
-    assert metrics.peak_memory()["mem/peak_cuda_gb"] == 5.0
-    assert metrics.peak_memory()["mem/peak_cuda_gb"] == 1.0
+    assert step_metrics.peak_memory()["mem/peak_cuda_gb"] == 5.0
+    assert step_metrics.peak_memory()["mem/peak_cuda_gb"] == 1.0
 
 
 def test_flash_attention_2_is_refused_without_flash_attn(monkeypatch):

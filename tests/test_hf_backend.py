@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.common import token_logprobs
 from rl_training.models import ModelLoadError
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend, seeded

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, zero_adv_groups
+from rl_training.algs.common import group_advantages, zero_adv_groups
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,
+    LossInput,
     StepNorm,
     batch_moments,
     batch_std_scale,
@@ -21,9 +22,10 @@ from rl_training.algs.objectives import (
     leave_one_out_advantages,
     policy_loss,
 )
-from rl_training.metrics import PhaseTimer, step_metrics
 from rl_training.rewards import Scores
 from rl_training.runners import rl_runner
+from rl_training.step_metrics import step_metrics
+from rl_training.timer import PhaseTimer
 from rl_training.trainer import TrainStats, make_micro_batches, step_advantages
 from tests.helpers import fake_rollouts, grads_after, lora_policy
 
@@ -45,15 +47,17 @@ def loss_and_grad(name, clip_low=None, clip_high=None, **kw):
     o = OBJECTIVES[name]
     logp = (OLD + DELTA).clone().requires_grad_(True)
     out = policy_loss(
-        o,
-        logp,
-        OLD,
-        ADV,
-        MASK,
-        NORM,
-        o.clip_low if clip_low is None else clip_low,
-        o.clip_high if clip_high is None else clip_high,
-        **kw,
+        LossInput(
+            o,
+            logp,
+            OLD,
+            ADV,
+            MASK,
+            NORM,
+            o.clip_low if clip_low is None else clip_low,
+            o.clip_high if clip_high is None else clip_high,
+            **kw,
+        )
     )
     out.loss.backward()
     return out, logp.grad
@@ -127,7 +131,7 @@ def test_kl_estimators_and_aggregation():
     for est, per_tok in (("k1", math.log(2)), (None, math.log(2) - 0.5)):
         kw = {"kl_estimator": KL_ESTIMATORS[est]} if est else {}
         o = OBJECTIVES["grpo"]
-        out = policy_loss(o, OLD + DELTA, OLD, torch.zeros(2, dtype=D), MASK, NORM, 0.2, 0.2, ref, 0.1, **kw)
+        out = policy_loss(LossInput(o, OLD + DELTA, OLD, torch.zeros(2, dtype=D), MASK, NORM, 0.2, 0.2, ref, 0.1, **kw))
         # grpo aggregation of a constant c: mean over seqs of the per-seq token mean = c
         assert out.loss.item() == pytest.approx(0.1 * per_tok, rel=1e-12)
         assert out.kl_sum.item() == pytest.approx(5 * per_tok, rel=1e-12)
@@ -155,18 +159,20 @@ def expected_kl_grad(estimator, sample_logits=None, old_logits=None):
         logp = torch.log_softmax(theta, 0)[y].view(1, 1)
         tis = (old[y].exp() / q[y]).view(1, 1) if sample_logits is not None else None
         out = policy_loss(
-            OBJECTIVES["dr_grpo"],
-            logp,
-            old[y].view(1, 1),
-            torch.zeros(1, dtype=D),
-            torch.ones(1, 1, dtype=D),
-            StepNorm(seqs=1, tokens=1, max_new_tokens=1),
-            0.2,
-            0.2,
-            ref[y].view(1, 1),
-            1.0,
-            KL_ESTIMATORS[estimator],
-            tis,
+            LossInput(
+                OBJECTIVES["dr_grpo"],
+                logp,
+                old[y].view(1, 1),
+                torch.zeros(1, dtype=D),
+                torch.ones(1, 1, dtype=D),
+                StepNorm(seqs=1, tokens=1, max_new_tokens=1),
+                0.2,
+                0.2,
+                ref[y].view(1, 1),
+                1.0,
+                KL_ESTIMATORS[estimator],
+                tis,
+            )
         )
         total += q[y] * torch.autograd.grad(out.loss, theta)[0]
     return total
@@ -290,7 +296,7 @@ def test_on_policy_gspo_equals_grpo_and_cispo_equals_dapo():
     def grad(name):
         x = logp.clone().requires_grad_(True)
         o = OBJECTIVES[name]
-        policy_loss(o, x, x.detach(), ADV, MASK, NORM, o.clip_low, o.clip_high).loss.backward()
+        policy_loss(LossInput(o, x, x.detach(), ADV, MASK, NORM, o.clip_low, o.clip_high)).loss.backward()
         return x.grad
 
     torch.testing.assert_close(grad("gspo"), grad("grpo"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
+from rl_training.algs.common import token_logprobs
 from rl_training.models import trainable_parameters
 from rl_training.packing import first_fit_rows, pack_sequences, padded_tokens
 from rl_training.probes.capture import LoraUnitCapture

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
-from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+from rl_training.algs.common import token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
-from rl_training.probes import ess as E
+from rl_training.probes import ess as ess_math
 from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
@@ -39,7 +39,9 @@ def one_micro_batch(ro, adv, groups):
 
 def backward(model, mb, norm):
     logp = token_logprobs(forward_logits(model, mb), mb.targets)
-    policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2).loss.backward()
+    policy_loss(
+        LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+    ).loss.backward()
 
 
 def flat_grad(params):
@@ -359,7 +361,7 @@ def test_probe_tensor_code_keeps_to_the_training_device(monkeypatch):
 def test_the_meta_guard_catches_a_cpu_tensor(monkeypatch):
     # The guard test above can fail: the old CPU pad of the group-ESS gather is counted as a failure on meta.
     def old_group_ness(self, n):
-        g = E.group_ness(torch.cat(self.seq_log_w), self.G)
+        g = ess_math.group_ness(torch.cat(self.seq_log_w), self.G)
         return torch.cat([g, torch.full((n - g.numel(),), math.nan, dtype=torch.float64)])
 
     monkeypatch.setattr(StepProbes, "_local_group_ness", old_group_ness)

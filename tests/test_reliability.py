@@ -17,10 +17,11 @@ import torch
 import torch.multiprocessing as mp
 
 from rl_training import run_lock
-from rl_training.config import ConfigError, load_config
-from rl_training.metrics import MetricsLogger, MetricsWriteError
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.run_lock import RunLock, RunLockError
 from rl_training.step_guard import nonfinite_agreed
+from rl_training.step_metrics import MetricsLogger, MetricsWriteError
 from tests.helpers import G, fake_rollouts, lora_policy
 
 REPO = Path(__file__).resolve().parents[1]

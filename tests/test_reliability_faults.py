@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rl_training.checkpoint import list_checkpoints
+from tests.launch import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ VOLATILE = ("perf/", "mem/", "rollout/weight_version")
 def launch(args: list[str], cwd: Path, nproc: int = 0, fault: str | None = None) -> subprocess.Popen:
     """The runner as `python -m` (nproc=0, a world of one) or under torchrun with nproc workers."""
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone", RUNNER]
+        cmd = torchrun_cmd(nproc, RUNNER)
     else:
         cmd = [sys.executable, "-m", "rl_training.runners.rl_runner"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import yaml
 
 from rl_training.checkpoint import COMPLETE, list_checkpoints
 from rl_training.runners import rl_runner
+from tests.launch import RL_RUNNER, torchrun_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -32,15 +32,7 @@ def tb_steps(run_dir: Path, tag: str) -> list[int]:
 
 
 def torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=1",
-        "--standalone",
-        str(REPO / "rl_training" / "runners" / "rl_runner.py"),
-        *args,
-    ]
+    cmd = torchrun_cmd(1, RL_RUNNER, *args)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -262,7 +254,7 @@ def test_adapter_checkpoint_loads_in_peft(run_overrides, tmp_path, warm_model):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.models import build_policy
 
     assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2", "optim.lr=0.05"]) == 0

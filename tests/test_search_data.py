@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rl_training.config import load_config
+from rl_training.config_load import load_config
 from rl_training.data.sources import DataError, Example, load_examples
 from rl_training.rewards import TASKS, score_completions, search_task
 from rl_training.search.bm25 import BM25Retriever

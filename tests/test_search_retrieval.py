@@ -355,7 +355,7 @@ def test_dense_retriever_over_a_faiss_index_through_the_server(corpus, tiny_mode
 
 
 def test_make_retriever_from_config(corpus):
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.search.build import make_retriever
 
     cfg = load_config(None, [f"search.corpus={corpus}"])

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.runners import rl_runner
-from rl_training.stopping import STOPPED_EXIT_CODE
 from tests.test_server_backend import TESTCFG, server_overrides
 from tests.vllm_server import VLLMServer
 

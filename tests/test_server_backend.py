@@ -8,18 +8,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
 from rl_training import dist
-from rl_training.config import load_config
+from rl_training.config_load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.rollout.server import ServerError
 from rl_training.runners import rl_runner
+from tests.launch import RL_RUNNER, torchrun_cmd
 from tests.test_vllm_backend import perturb_adapter
 from tests.vllm_server import VLLMServer
 
@@ -175,9 +175,7 @@ def test_server_matches_colocated_vllm(server_overrides, run_overrides, tmp_path
 # Non-strict xfail keeps it running and reported (XPASS / XFAIL) without failing the suite until it is found.
 @pytest.mark.xfail(strict=False, reason="rank 1 SIGABRT at setup in full-suite runs only; issue 19")
 def test_two_ranks_on_one_server(server_overrides, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           str(REPO / "rl_training" / "runners" / "rl_runner.py"), "--cfg", TESTCFG, *server_overrides,
-           "train.total_steps=3", "ckpt.every=0"]  # fmt: skip
+    cmd = torchrun_cmd(2, RL_RUNNER, "--cfg", TESTCFG, *server_overrides, "train.total_steps=3", "ckpt.every=0")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rl_training.config import ConfigError, load_config
+from rl_training.config import ConfigError
+from rl_training.config_load import load_config
 from rl_training.rollout.server import ServerClient, ServerError, request_seeds
 from tests.vllm_server import free_port
 

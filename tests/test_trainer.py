@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from rl_training.algs.dr_grpo import token_logprobs
-from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+from rl_training.algs.common import token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
 from rl_training.trainer import (
@@ -90,7 +90,7 @@ def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     with torch.no_grad():
         logits = policy(input_ids=mbs[0].input_ids, attention_mask=mbs[0].attention_mask).logits[:, :-1]
-        from rl_training.algs.dr_grpo import token_logprobs
+        from rl_training.algs.common import token_logprobs
 
         lp = token_logprobs(logits, mbs[0].targets)
     m = mbs[0].mask.bool()
@@ -147,7 +147,9 @@ def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
     torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]], dtype=d))
     assert stats.is_truncated == 1 and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
     norm = StepNorm(seqs=1, tokens=3, max_new_tokens=4)
-    out = policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mask, norm, 0.2, 0.2, is_weights=w)
+    out = policy_loss(
+        LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mask, norm, 0.2, 0.2, is_weights=w)
+    )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(-0.75, rel=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.375, -0.125, -0.25]], dtype=d))

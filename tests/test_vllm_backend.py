@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from rl_training import dist
-from rl_training.config import load_config
+from rl_training.config_load import load_config
 from rl_training.rollout.base import SamplingSpec, split_completion
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner
+from tests.launch import torchrun_cmd
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -171,8 +172,7 @@ def test_truncated_importance_sampling_is_logged(run_overrides, tmp_path):
 
 def torchrun2(script: Path, *args: str) -> list[str]:
     """A 2-rank torchrun command line for `script` with the vLLM test config and `args`."""
-    head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)]
-    return [*head, "--cfg", TESTCFG, *args, *VLLM]
+    return torchrun_cmd(2, script, "--cfg", TESTCFG, *args, *VLLM)
 
 
 def test_two_rank_torchrun_with_vllm(run_overrides, tmp_path):

@@ -26,7 +26,7 @@ def test_checkpoint_adapter_loads_in_vllm_lora(run_overrides, warm_model, tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config import load_config
+    from rl_training.config_load import load_config
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
     from rl_training.models import load_tokenizer

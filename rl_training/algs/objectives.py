@@ -19,7 +19,7 @@ Every objective is three choices, each a function (no string switches in the tra
 
 Papers and departures (each objective's entry below names its paper):
 - Dr-GRPO: Liu et al. 2025, arXiv:2503.20783. Exact: `OBJECTIVES["dr_grpo"]` below (advantage in
-  algs/dr_grpo.py).
+  algs/common.py).
 - GRPO: Shao et al. 2024 (DeepSeekMath), arXiv:2402.03300. Advantages (r - mean)/(std + 1e-6) with the
   unbiased group std; per-sequence token mean, then mean over sequences. Departure: the paper adds a k3 KL
   to the reference in the loss with beta = 0.04; here the KL is the shared option, off by default
@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import torch
 
-from rl_training.algs.dr_grpo import group_advantages, k3_kl
+from rl_training.algs.common import group_advantages, k3_kl
 
 ADV_EPS = 1e-6
 
@@ -257,34 +257,49 @@ class LossOut(NamedTuple):
     tokens: torch.Tensor  # scalar, detached: valid tokens
 
 
-def policy_loss(
-    objective: Objective,
-    logp: torch.Tensor,  # [B,L] current policy log-probs (requires grad)
-    old_logp: torch.Tensor,  # [B,L] log-probs of the policy before this step's first update
-    advantages: torch.Tensor,  # [B]
-    mask: torch.Tensor,  # [B,L] 1 on completion tokens
-    norm: StepNorm,
-    clip_low: float,
-    clip_high: float,
-    ref_logp: torch.Tensor | None = None,  # [B,L]
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = KL_ESTIMATORS["k3"],
-    is_weights: torch.Tensor | None = None,  # [B,L] truncated importance weights (no grad)
-) -> LossOut:
-    mask = mask.to(logp.dtype)
-    adv = advantages.detach().to(logp.dtype)
-    sur = objective.surrogate(logp, old_logp, adv, mask, clip_low, clip_high)
+@dataclass(frozen=True)
+class LossInput:
+    """One micro-batch's loss inputs (built with keywords by the trainer; the field order is the tests')."""
+
+    objective: Objective
+    logp: torch.Tensor  # [B,L] current policy log-probs (requires grad)
+    old_logp: torch.Tensor  # [B,L] log-probs of the policy before this step's first update
+    advantages: torch.Tensor  # [B]
+    mask: torch.Tensor  # [B,L] 1 on completion tokens
+    norm: StepNorm
+    clip_low: float
+    clip_high: float
+    ref_logp: torch.Tensor | None = None  # [B,L]
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = KL_ESTIMATORS["k3"]
+    is_weights: torch.Tensor | None = None  # [B,L] truncated importance weights (no grad)
+
+
+def truncated_is_weights(
+    logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """[B,L] truncated importance weights min(pi_train / pi_rollout, cap) on completion tokens, 0 elsewhere
+    (Yao et al. 2025, TIS): they correct for the sampler's policy differing from the trainer's."""
+    return torch.clamp(torch.exp(logp - rollout_logp), max=cap) * mask
+
+
+def policy_loss(x: LossInput) -> LossOut:
+    objective, logp, old_logp, norm, is_weights = x.objective, x.logp, x.old_logp, x.norm, x.is_weights
+    mask = x.mask.to(logp.dtype)
+    adv = x.advantages.detach().to(logp.dtype)
+    sur = objective.surrogate(logp, old_logp, adv, mask, x.clip_low, x.clip_high)
     per_token = sur.per_token if is_weights is None else sur.per_token * is_weights.detach()
     pg = objective.aggregate(per_token, mask, norm)
     loss, kl_sum = pg, torch.zeros((), dtype=logp.dtype, device=logp.device)
+    ref_logp, kl_estimator = x.ref_logp, x.kl_estimator
     if ref_logp is not None:
         kl_sum = (kl_estimator.value(logp.detach(), ref_logp.detach()) * mask).sum()
-        if kl_coef:
+        if x.kl_coef:
             weight = torch.exp(logp.detach() - old_logp.detach())
             if is_weights is not None:
                 weight = weight * is_weights.detach()
             kl_tok = kl_estimator.loss_term(logp, ref_logp.detach(), weight)
-            loss = loss + kl_coef * objective.aggregate(kl_tok, mask, norm)
+            loss = loss + x.kl_coef * objective.aggregate(kl_tok, mask, norm)
     return LossOut(
         loss, pg.detach(), kl_sum.detach(), (sur.clipped.to(mask.dtype) * mask).sum().detach(), mask.sum().detach()
     )

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_training.code import CODE_FORMATS
+from rl_training.errors import UserError
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Malformed data; the message names the file and line (or row) and the key."""
 
 

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
-import torch.distributed as tdist
 
 from rl_training import dist
-from rl_training.algs.dr_grpo import zero_adv_groups
-from rl_training.probes import ess as E
+from rl_training.algs.common import zero_adv_groups
+from rl_training.probes import ess as ess_math
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
@@ -63,7 +62,39 @@ def _vector(values, device: torch.device) -> torch.Tensor:
     return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
 
 
+class NullProbes:
+    """probe.enabled=false: every hook of StepProbes, doing nothing, so the update has no `probes is None` branch."""
+
+    enabled = False
+
+    def begin_step(self, group_size: int, advantages, completion_lengths: list[int], step: int = 0) -> None:
+        pass
+
+    def micro(self, mb):
+        return nullcontext()
+
+    def before_allreduce(self) -> None:
+        pass
+
+    def after_allreduce(self) -> None:
+        pass
+
+    def observe_rollout(self, mb, old_logp, used_weights) -> None:
+        pass
+
+    def observe_ppo(self, mb, logp, old_logp) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> None:
+        return None
+
+
 class StepProbes:
+    enabled = True
+
     def __init__(
         self,
         model,
@@ -127,7 +158,7 @@ class StepProbes:
         self.small = {lv: {"s": zero, "k": 0.0, "ib": 0.0, "c2b": 0.0} for lv in self.levels}
         self.kept_groups = self.block_groups = 0
         self.broken: set[str] = set()
-        self.kish = {k: E.LogKish.empty(self.device) for k in ESS_KINDS if k != "seq"}
+        self.kish = {k: ess_math.LogKish.empty(self.device) for k in ESS_KINDS if k != "seq"}
         self.log_rho_all: list[torch.Tensor] = []
         self.seq_log_w: list[torch.Tensor] = []
 
@@ -210,9 +241,9 @@ class StepProbes:
         skipped_tokens = sum(
             sum(self.lengths[g * self.G : (g + 1) * self.G]) for g in range(self.n_local) if g not in self.seen_groups
         )
-        empty = E.LogKish.empty(self.device)
-        self.kish["adv_seq"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
-        self.kish["adv_tok"] += E.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
+        empty = ess_math.LogKish.empty(self.device)
+        self.kish["adv_seq"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
+        self.kish["adv_tok"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
         if "unit" in self.small and self.unit_on:
             self._add_small("unit", 0.0, float(skipped), float(skipped), skipped / self.units**2)
         if "micro" in self.small:
@@ -259,9 +290,9 @@ class StepProbes:
     def _observe_rollout(self, mb, old_logp: torch.Tensor, used_weights: torch.Tensor | None) -> None:
         m = mb.mask.bool()
         log_rho = old_logp.detach().double() - mb.rollout_logp.double()
-        self.kish["tok_raw"] += E.log_kish(log_rho, m)
-        used = E.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
-        self.kish["tok_used"] += E.log_kish(used, m)
+        self.kish["tok_raw"] += ess_math.log_kish(log_rho, m)
+        used = ess_math.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
+        self.kish["tok_used"] += ess_math.log_kish(used, m)
         # Valid tokens are selected with `where` (boolean indexing would sync the host on CUDA); pads are
         # NaN for the quantile (nanquantile skips them) and 0 in the sums.
         self.log_rho_all.append(torch.where(m, log_rho, math.nan).reshape(-1))
@@ -274,14 +305,14 @@ class StepProbes:
         self.sums["tok"] = self.sums["tok"] + m.double().sum()
         self.sums["lr.sum"] = self.sums["lr.sum"] + lr.sum()
         self.sums["lr.sq"] = self.sums["lr.sq"] + (lr * lr).sum()
-        self.seq_log_w.append(E.sequence_log_weights(log_rho, mb.mask))
-        log_abs_adv = E.weight_log(mb.advantages.abs())
-        self.kish["adv_seq"] += E.log_kish(log_abs_adv)
-        self.kish["adv_tok"] += E.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
+        self.seq_log_w.append(ess_math.sequence_log_weights(log_rho, mb.mask))
+        log_abs_adv = ess_math.weight_log(mb.advantages.abs())
+        self.kish["adv_seq"] += ess_math.log_kish(log_abs_adv)
+        self.kish["adv_tok"] += ess_math.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
 
     def observe_ppo(self, mb, logp: torch.Tensor, old_logp: torch.Tensor) -> None:
         with self.guard("observe_ppo"):
-            self.kish["ppo"] += E.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
+            self.kish["ppo"] += ess_math.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
 
     # -------------------------------------------------------------------------------------- output
     def metrics(self) -> dict[str, float]:
@@ -300,7 +331,7 @@ class StepProbes:
         tot = dist.all_reduce_(_vector(local_sums, self.device))
         with self.guard("metrics"):
             gness = self._local_group_ness(n_gather)
-        gathered = _all_gather_cat(_vector(gness, self.device) if isinstance(gness, list) else gness)
+        gathered = dist.all_gather_cat(_vector(gness, self.device) if isinstance(gness, list) else gness)
         host = _to_host(torch.cat([mx, tot, gathered]))
         out: dict[str, float] = {}
         with self.guard("metrics"):
@@ -310,15 +341,15 @@ class StepProbes:
         self.guard.step_failed = False
         return out
 
-    def _local_maxima(self) -> tuple[list, dict[str, E.LogKish]]:
+    def _local_maxima(self) -> tuple[list, dict[str, ess_math.LogKish]]:
         kish = dict(self.kish)
         seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
-        kish["seq"] = E.log_kish(seq_lw.to(self.device))
+        kish["seq"] = ess_math.log_kish(seq_lw.to(self.device))
         all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
         p999 = torch.nanquantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
         return [*(kish[k].shift for k in ESS_KINDS), p999], kish
 
-    def _local_sums(self, kish: dict[str, E.LogKish], shifts: torch.Tensor) -> list:
+    def _local_sums(self, kish: dict[str, ess_math.LogKish], shifts: torch.Tensor) -> list:
         """Each ESS's sums rescaled to the global max shift, then the step's plain sums; 2 slots for flags."""
         out = []
         for i, k in enumerate(ESS_KINDS):
@@ -330,14 +361,14 @@ class StepProbes:
         """Within-group ness of this rank's kept groups, padded with NaN to the fixed per-rank group count
         (ranks keep different numbers of groups after zero-advantage dropping)."""
         seq_lw = torch.cat(self.seq_log_w).to(self.device) if self.seq_log_w else None
-        g = E.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
+        g = ess_math.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
         g = g.to(self.device)
         pad = torch.full((n - g.numel(),), math.nan, dtype=torch.float64, device=self.device)
         return torch.cat([g, pad])
 
     def _format(self, mx: list[float], tot: list[float], gathered: list[float]) -> dict[str, float]:
         t = dict(zip([f"{k}.{f}" for k in ESS_KINDS for f in ESS_FIELDS] + list(STEP_SUMS), tot, strict=False))
-        ess = {k: E.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
+        ess = {k: ess_math.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
         groups = sorted(x for x in gathered if not math.isnan(x))
         bad_tokens = t["tok_raw.bad"] + t["tok_used.bad"]
         out = self._ess_format(ess, t, mx[-1], groups, bad_tokens)
@@ -465,14 +496,5 @@ class StepProbes:
         self.ess_history.clear()
         self.ess_history.extend(d["ess_history"])
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
-        rank0 = not dist.is_dist() or tdist.get_rank() == 0
+        rank0 = dist.rank() == 0
         self.guard.failures = int(d.get("failures", 0)) if rank0 else 0
-
-
-def _all_gather_cat(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate equal-length 1-D tensors from every rank, on x's device."""
-    if not dist.is_dist():
-        return x
-    out = [torch.empty_like(x) for _ in range(tdist.get_world_size())]
-    tdist.all_gather(out, x)
-    return torch.cat(out)

@@ -1,6 +1,6 @@
 """The rollout-backend interface: generate groups of completions, take new weights, sleep and wake.
 
-A backend is chosen once at setup from `rollout.backend` (see `build_backend`). The loop only calls these
+A backend is chosen once at setup from `rollout.backend` (see `rollout/factory.py`). The loop only calls these
 methods; memory juggling (sleep/wake) and any engine internals stay inside the backend.
 """
 
@@ -89,28 +89,3 @@ def split_completion(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], 
         if t in stop_ids:
             return tokens[: i + 1], False
     return tokens, True
-
-
-def resolve_backend_name(name: str) -> str:
-    """'auto' -> 'vllm' where vLLM is installed, else 'hf'."""
-    if name != "auto":
-        return name
-    from rl_training.rollout.vllm_engine import vllm_available
-
-    return "vllm" if vllm_available() else "hf"
-
-
-def build_backend(cfg, model, tokenizer, dist_info, start_step: int = 0) -> RolloutBackend:
-    """Chosen once at setup from rollout.backend (already resolved from 'auto'). `start_step`: the optimizer
-    steps the model has taken (a resumed run's), the server backend's first policy version."""
-    if cfg.rollout.backend == "server":
-        from rl_training.rollout.server import ServerBackend
-
-        return ServerBackend(cfg, model, tokenizer, dist_info, start_version=start_step)
-    if cfg.rollout.backend == "vllm":
-        from rl_training.rollout.vllm_engine import VLLMBackend
-
-        return VLLMBackend(cfg, model, tokenizer, dist_info)
-    from rl_training.rollout.hf import HFBackend
-
-    return HFBackend(model, tokenizer, cfg.rollout.gen_batch_size)

@@ -34,12 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl_training import dist
+from rl_training.errors import UserError
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds, split_completion
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
 
 
-class ServerError(RuntimeError):
+class ServerError(UserError, RuntimeError):
     """A server that stayed unreachable after the retries, or refused a request; the message is one line."""
 
     def __init__(self, message: str, status: int | None = None):

@@ -9,9 +9,8 @@ in the project is in this file:
 - `logprobs_mode="processed_logprobs"`: the returned log-prob of each sampled token is taken after
   temperature and top-p, i.e. from the distribution the token was really drawn from. The trainer computes
   log softmax(logits / T) over the full vocabulary, the same distribution only when top_p = 1; their
-  difference is the `rollout/logp_diff_*` canary. With top_p < 1 the sampler's log-probs come from the
-  renormalised nucleus (higher by log 1/(nucleus mass)), so the canary measures that truncation too, and
-  the config refuses truncated IS (its ratios would be skewed by it).
+  difference is the `rollout/logp_diff_*` canary (top_p < 1 and truncated IS: docs/rollout.md, "Log-probs and
+  the canary").
 - Weight sync without disk: `llm.collective_rpc(fn)` runs `fn(worker)` in this process (the executor is
   in-process), and `worker.reload_weights(weights_iterator=...)` loads HF-format tensors produced from the
   trainer's live weights with the LoRA delta merged in. All weights are sent every time: in 0.32 a

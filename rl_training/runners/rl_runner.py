@@ -8,7 +8,7 @@
 
 Each step: sample this rank's prompts -> generate G completions each -> score -> group advantages ->
 Dr-GRPO update of the LoRA adapter (gradients averaged over ranks) -> sync weights into the rollout
-backend -> in-loop eval every `eval.every` steps (evals/evaluate.py, the code `python -m evals.run` uses)
+backend -> in-loop eval every `eval.every` steps (rl_training/evaluation/, the code `python -m evals.run` uses)
 -> log -> checkpoint (handed to the background uploader when sync.remote is set). Outputs go to
 run.output_dir/run.name (docs/outputs.md). On run.stop_signal (SLURM's time-limit warning) every rank
 checkpoints at the next step and the process exits with status 75; `ckpt.resume=latest` continues the run.
@@ -23,35 +23,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from evals.evaluate import InLoopEval
 from rl_training import code, dist, faults
+from rl_training.assembly import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer, resolve_target
+from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer
 from rl_training.cli import run_cli
-from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
+from rl_training.config import Config, Derived
+from rl_training.config_load import to_dict, to_yaml
+from rl_training.config_resolve import resolve
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
+from rl_training.evaluation.evaluate import InLoopEval
+from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.lifeline import tie_to_launcher
-from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
-from rl_training.probes.probe import StepProbes
+from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
-from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
+from rl_training.rollout.factory import build_backend
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
-from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.stopping import STOPPED_EXIT_CODE, StopOnSignal
+from rl_training.step_metrics import MetricsLogger, step_metrics
+from rl_training.stopping import StopOnSignal
+from rl_training.timer import PhaseTimer
 from rl_training.trainer import (
     TrainStats,
     UpdateHParams,
     make_micro_batches,
-    resolve_objective,
     step_advantages,
     step_norm,
     train_on_rollouts,
@@ -59,10 +63,10 @@ from rl_training.trainer import (
 from rl_training.wandb_log import make_wandb
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     cfg: Config
-    d: Derived
+    derived: Derived
     info: dist.DistInfo
     model: torch.nn.Module
     tokenizer: object
@@ -75,8 +79,8 @@ class Run:
     prompts: list[list[int]]
     sampler: PromptSampler
     logger: MetricsLogger
-    hp: UpdateHParams
-    probes: StepProbes | None
+    hparams: UpdateHParams
+    probes: StepProbes | NullProbes
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
@@ -102,10 +106,10 @@ def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: 
     return levels
 
 
-def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | None:
+def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | NullProbes:
     """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
     if not cfg.probe.enabled:
-        return None
+        return NullProbes()
     levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, d.accum_steps, d.world_size)
     probes = StepProbes(
         model,
@@ -126,11 +130,8 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
 
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
-    cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)  # saved and logged resolved
-    resolve_objective(cfg)  # unset clip bounds -> the objective's paper values, saved and logged
-    resolve_paths(cfg)  # local paths saved absolute: evals.run reads the checkpoints' config from anywhere
-    d = derive(cfg, info.world_size)
-    resolve_target(cfg.sync, d.run_dir)  # saved and logged resolved, like the backend
+    resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
+    cfg, d = resolved.cfg, resolved.derived
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir, to_yaml(cfg))
     seed_all(cfg.train.seed)  # the same LoRA init on every rank
@@ -167,32 +168,33 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
-    hp = UpdateHParams.from_config(cfg)
     task = TASKS[cfg.data.format]
     code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     run = Run(
-        cfg,
-        d,
-        info,
-        model,
-        tokenizer,
-        params,
-        optimizer,
-        scheduler,
-        backend,
-        task,
-        examples,
-        prompts,
-        sampler,
-        logger,
-        hp,
-        build_probes(cfg, d, model, params, info, resumed_state),
-        start_step,
-        evaluator,
-        syncer,
-        SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
-        StepSamples(cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step),
+        cfg=cfg,
+        derived=d,
+        info=info,
+        model=model,
+        tokenizer=tokenizer,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        backend=backend,
+        task=task,
+        examples=examples,
+        prompts=prompts,
+        sampler=sampler,
+        logger=logger,
+        hparams=UpdateHParams.from_config(cfg),
+        probes=build_probes(cfg, d, model, params, info, resumed_state),
+        start_step=start_step,
+        evaluator=evaluator,
+        syncer=syncer,
+        skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
+        samples=StepSamples(
+            cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step
+        ),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
     pin = backend.pinned if K else None
@@ -244,9 +246,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
         rewards = torch.tensor(scores.rewards, dtype=torch.float64)
         bad_reward = nonfinite_agreed({"reward": rewards.sum().item()}, run.info.device)  # skip together
-        advantages = step_advantages(run.hp.objective, rewards, G, run.info.device)
+        advantages = step_advantages(run.hparams.objective, rewards, G, run.info.device)
     if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
-        stats = TrainStats(epochs=run.hp.inner_epochs, kl_measured=False, skipped=bad_reward)
+        stats = TrainStats(epochs=run.hparams.inner_epochs, kl_measured=False, skipped=bad_reward)
         lr = run.scheduler.get_last_lr()[0]
         publish(run, step)
         metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
@@ -264,17 +266,16 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             pack_row_tokens=cfg.train.pack_row_tokens if cfg.train.pack_sequences else None,
         )
         lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
-        if run.probes is not None:
-            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids], step)
-        hp = run.hp.for_step(step)
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hp, norm, run.probes)
+        norm = step_norm(rollouts, run.derived.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
+        run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids], step)
+        hparams = run.hparams.for_step(step)
+        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hparams, norm, run.probes)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
         publish(run, step)
     probe_metrics = {}
-    if run.probes is not None:
+    if run.probes.enabled:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
@@ -305,7 +306,7 @@ def checkpoint(run: Run, step: int) -> None:
     past = past_versions(step, run.cfg.rollout.max_async_level)
     run.logger.sync()  # durable first: the checkpoint must never cover a step metrics.jsonl could lose
     path = save_checkpoint(
-        run.d.run_dir,
+        run.derived.run_dir,
         step,
         run.model,
         run.optimizer,
@@ -314,7 +315,7 @@ def checkpoint(run: Run, step: int) -> None:
         {
             "data_epoch": epoch,
             "data_offset": offset,
-            "probes": run.probes.state_dict() if run.probes is not None else None,
+            "probes": run.probes.state_dict(),
             "skips": run.skips.state_dict(),
         },
         run.cfg.ckpt.keep_last,
@@ -376,10 +377,10 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
                 status = train(run, stop)
                 # The last uploads and the final pass over the kept checkpoints, in TensorBoard too. After a
                 # stop signal the wait is shorter: SLURM's margin also holds the step and the checkpoint before it.
-                run.logger.summary(run.syncer.drain(run.d.run_dir, stopped=status == STOPPED_EXIT_CODE))
+                run.logger.summary(run.syncer.drain(run.derived.run_dir, stopped=status == STOPPED_EXIT_CODE))
             finally:
                 run.logger.close()
-                run.syncer.finish(run.d.run_dir)  # also after a crash; bounded by sync.final_timeout_s
+                run.syncer.finish(run.derived.run_dir)  # also after a crash; bounded by sync.final_timeout_s
             # Ranks leave together: torchrun stops a node's other workers as soon as one exits non-zero, which
             # must not cut rank 0's final upload short. Before backend.close(): vLLM's engine shutdown destroys
             # the default process group, after which this barrier would silently do nothing.

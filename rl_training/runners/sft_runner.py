@@ -25,17 +25,19 @@ import numpy as np
 import torch
 
 from rl_training import dist
+from rl_training.assembly import build_optimizer, seed_all, set_cpu_threads
 from rl_training.cli import run_cli
-from rl_training.config import ConfigError, derive, resolve_paths, to_yaml
+from rl_training.config import ConfigError
+from rl_training.config_load import to_yaml
+from rl_training.config_resolve import resolve
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
 from rl_training.lifeline import tie_to_launcher
-from rl_training.metrics import MetricsLogger, peak_memory
 from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
 from rl_training.platform_check import require_working_cuda
 from rl_training.run_lock import locked
-from rl_training.setup import build_optimizer, seed_all, set_cpu_threads
 from rl_training.step_guard import SkipGuard, nonfinite_agreed
+from rl_training.step_metrics import MetricsLogger, peak_memory
 
 
 def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], int]]:
@@ -70,8 +72,8 @@ def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype)
 
 
 def sft(cfg, info) -> None:
-    resolve_paths(cfg)  # local paths saved absolute, so the saved config means the same from any directory
-    d = derive(cfg, info.world_size)
+    resolved = resolve(cfg, info.world_size, backend=False)  # the saved config means the same from anywhere
+    cfg, d = resolved.cfg, resolved.derived
     s = cfg.sft
     if s.batch_size % info.world_size:
         raise ConfigError(f"sft.batch_size={s.batch_size} is not divisible by the world size {info.world_size}")

@@ -11,32 +11,19 @@ import json
 import math
 import os
 import resource
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from rl_training import dist, faults
-from rl_training.algs.dr_grpo import zero_adv_groups
+from rl_training.algs.common import zero_adv_groups
 from rl_training.checkpoint import abandoned_dir
+from rl_training.errors import UserError
 from rl_training.rewards import Scores
 from rl_training.rollout.base import Rollouts
+from rl_training.timer import PhaseTimer
 from rl_training.trainer import TrainStats
 from rl_training.wandb_log import NullWandb
-
-
-class PhaseTimer:
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
 def peak_memory() -> dict[str, float]:
@@ -159,7 +146,7 @@ def set_aside_logs(run_dir: Path) -> Path | None:
     return dest
 
 
-class MetricsWriteError(OSError):
+class MetricsWriteError(UserError, OSError):
     """metrics.jsonl could not take a line (disk full, permission denied); the file holds the earlier lines."""
 
 

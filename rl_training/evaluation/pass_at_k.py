@@ -1,7 +1,7 @@
 """Eval metrics as pure functions: pass@k, maj@k, and the per-checkpoint summary of per-problem records.
 
 No I/O, no config, no torch. `summarize` takes the records exactly as they are written to the
-per-problem jsonl (see evals/evaluate.py), so every number can be recomputed from that file.
+per-problem jsonl (see rl_training/evaluation/evaluate.py), so every number can be recomputed from that file.
 
 Definitions (n sampled completions per problem, c of them correct):
 - pass@k: the probability that at least one of k samples drawn without replacement from the n is correct,

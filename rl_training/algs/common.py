@@ -1,9 +1,9 @@
-"""Dr-GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783): the advantage, and the
-log-prob, entropy and k3 KL helpers every objective shares.
+"""What every objective shares: the group advantage, and the log-prob, entropy and k3 KL helpers; stated here
+for Dr-GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783), the default.
 
 - Advantage: A_i = r_i - mean_{group}(r). No division by the group's std (the paper's fix for the
   question-difficulty bias).
-- Loss: `policy_loss(OBJECTIVES["dr_grpo"], ...)` in algs/objectives.py (the one the trainer runs): the
+- Loss: `policy_loss(LossInput(OBJECTIVES["dr_grpo"], ...))` in algs/objectives.py (the one the trainer runs): the
   per-token clipped surrogate -min(rho_t A_i, clip(rho_t, 1-eps_low, 1+eps_high) A_i), summed over every
   valid token of every sequence in the optimizer step and divided by ONE constant,
   (sequences in the step) x (max new tokens). No 1/|o_i| per-sequence length term (the paper's fix for the

@@ -3,7 +3,7 @@
 For each problem: one greedy completion (accuracy, format, length, truncation) and `eval.num_samples`
 sampled ones (pass@k, maj@k), all from the rollout backend, rendered with the training prompt template
 (`encode_prompts`) and graded with the training grader (`rl_training.rewards.TASKS`, `score_completions`).
-The result is one record per problem (what the per-problem jsonl holds) and the timing; `evals.metrics`
+The result is one record per problem (what the per-problem jsonl holds) and the timing; `evaluation.pass_at_k`
 turns the records into metrics.
 
 Seeding: problem i (its index in the whole dataset) is sampled with seed `eval.seed + i` (vLLM takes it per
@@ -22,13 +22,14 @@ from pathlib import Path
 
 import torch
 
-from evals.metrics import summarize
 from rl_training import dist
+from rl_training.ckpt_marker import step_name
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import Example, load_examples
-from rl_training.metrics import PhaseTimer
+from rl_training.evaluation.pass_at_k import summarize
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
+from rl_training.timer import PhaseTimer
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,6 @@ def evaluate_policy(
 
 
 # ------------------------------------------------------------------------------------------- result files
-def step_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".tmp_{path.name}")
     tmp.write_text(text)

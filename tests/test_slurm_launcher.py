@@ -1,0 +1,148 @@
+"""The SLURM launcher (rl_training/slurm_launch.py) at unit level: worker environment, node-local dirs, proxy
+bypass, log redaction, torchrun arguments, the node's exit status."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from rl_training import slurm_launch
+from rl_training.slurm_launch import (
+    add_no_proxy,
+    exit_status,
+    node_local_env,
+    nproc_per_node,
+    torchrun_args,
+    worker_env,
+)
+
+
+# ------------------------------------------------------------------------------ launcher, unit level
+def test_worker_environment_is_an_allow_list():
+    env = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "HF_HOME": "/nfs/hf",
+        "NCCL_SOCKET_IFNAME": "hsn0",
+        "RCLONE_CONFIG_S3_TYPE": "s3",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "SLURM_JOB_ID": "42",
+        "SLURM_NTASKS": "8",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "BASH_FUNC_module%%": "() { eval ... }",
+        "MY_SITE_VAR": "x",
+        "SITE_A": "1",
+        "SITE_B": "2",
+        "JUNK": "y",
+    }
+    assert set(worker_env(env)) == {
+        "PATH",
+        "HOME",
+        "HF_HOME",
+        "NCCL_SOCKET_IFNAME",
+        "RCLONE_CONFIG_S3_TYPE",
+        "CUDA_VISIBLE_DEVICES",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "SLURM_JOB_ID",
+    }
+    extra = worker_env(env, "MY_SITE_VAR, SITE_*")  # RL_WORKER_ENV: names and NAME_* prefixes
+    assert {"MY_SITE_VAR", "SITE_A", "SITE_B"} <= set(extra) and "JUNK" not in extra
+
+
+def test_node_local_dirs_leave_the_hugging_face_caches_where_the_user_has_them(tmp_path):
+    local = tmp_path / "rl-9-n1"
+    got = node_local_env({"HOME": "/home/u"}, local)
+    compile_caches = {"TMPDIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "CUDA_CACHE_PATH"}
+    assert compile_caches | {"TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME", "HF_HOME"} == set(got)
+    assert all(Path(got[v]).parent == local and Path(got[v]).is_dir() for v in compile_caches)
+    # XDG_CACHE_HOME moves, so the HF home it would have carried along stays at its default.
+    assert got["XDG_CACHE_HOME"] == str(local / "cache") and got["HF_HOME"] == "/home/u/.cache/huggingface"
+    assert not any(v.startswith("HF_") and v != "HF_HOME" for v in got)  # hub and datasets caches follow HF_HOME
+    # The user's own settings are not overridden: they reach the workers through the allow-list as given.
+    user = {
+        "HOME": "/home/u",
+        "XDG_CACHE_HOME": "/nfs/cache",
+        "HF_HUB_CACHE": "/nfs/hub",
+        "HF_DATASETS_CACHE": "/nfs/ds",
+    }
+    got = node_local_env(user, local)
+    assert not {"XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE"} & set(got)
+    assert {k: v for k, v in worker_env(user).items() if k != "HOME"} == {k: v for k, v in user.items() if k != "HOME"}
+    got = node_local_env({"HOME": "/home/u", "HF_HOME": "/nfs/hf"}, local)
+    assert got["XDG_CACHE_HOME"] == str(local / "cache") and "HF_HOME" not in got
+
+
+def test_proxy_bypass_for_the_jobs_own_nodes():
+    env = {"https_proxy": "http://proxy:3128", "no_proxy": "example.org"}
+    add_no_proxy(env, ["gh001", "gh002", "10.1.2.3"])
+    assert env["no_proxy"] == env["NO_PROXY"] == "example.org,localhost,127.0.0.1,gh001,gh002,10.1.2.3"
+    env = {"PATH": "/bin"}
+    add_no_proxy(env, ["gh001"])
+    assert "no_proxy" not in env  # no proxy, nothing to bypass
+
+
+def test_launcher_log_redacts_credentials_in_the_arguments(tmp_path, monkeypatch, capsys):
+    """The launcher echoes the runner's arguments into slurm-%j.out: a pasted credential must not follow."""
+    secret = "SENTINEL-secret-5d1e"
+    args = [
+        "--cfg",
+        "c.yaml",
+        f"sync.remote=:s3,provider=AWS,access_key_id=AKIA{secret},secret_access_key={secret}:",  # rclone inline
+        f"sync.remote=:s3, secret_access_key='{secret}:,x',region=eu-west-1:bucket",  # quoted: may hold : and ,
+        f"HF_TOKEN={secret}",
+        f"x.api_key={secret}",
+        f"x.db_Password={secret}",
+        f"x.aws_credentials={secret}",
+        f"--client-secret={secret}",
+        "rollout.max_new_tokens=256",  # `tokens`: a count, kept
+        "run.name=exp1",
+    ]
+    torchrun_argv = []
+    monkeypatch.setattr(slurm_launch, "run_torchrun", lambda argv: torchrun_argv.extend(argv) or 0)
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_JOB_ID": "9",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURMD_NODENAME": "n1",
+        "RL_RDZV_ENDPOINT": "127.0.0.1:20009",
+        "RL_NODE_LOCAL_ROOT": str(tmp_path),
+    }
+    saved_env, saved_mask = dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:  # main() replaces the environment with the workers' and blocks the stop signals: undo both
+        os.environ.clear()
+        os.environ.update(env)
+        assert slurm_launch.main(["--", *args]) == 0
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+    out, err = capsys.readouterr()
+    assert secret not in out + err
+    line = next(x for x in out.splitlines() if x.startswith("slurm_launch[n1 0/2]: torchrun "))
+    assert line.endswith(
+        " --cfg c.yaml sync.remote=:s3,provider=AWS,access_key_id=<redacted>,secret_access_key=<redacted>:"
+        " sync.remote=:s3, secret_access_key=<redacted>,region=eu-west-1:bucket HF_TOKEN=<redacted>"
+        " x.api_key=<redacted> x.db_Password=<redacted> x.aws_credentials=<redacted> --client-secret=<redacted>"
+        " rollout.max_new_tokens=256 run.name=exp1"
+    )
+    assert torchrun_argv[-len(args) :] == args  # redacted in the log only: torchrun gets them as given
+
+
+def test_processes_per_node_and_torchrun_arguments():
+    assert nproc_per_node({"SLURM_GPUS_ON_NODE": "4"}) == 4
+    assert nproc_per_node({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+    assert nproc_per_node({"RL_NPROC_PER_NODE": "3", "SLURM_GPUS_ON_NODE": "4"}) == 3
+    assert nproc_per_node({}) == 1
+    head = torchrun_args(2, 4, "10.0.0.1:20042", "42", True, "train.py")
+    assert "--rdzv-conf=is_host=1" in head and "--rdzv-endpoint=10.0.0.1:20042" in head and head[-1] == "train.py"
+    assert "--rdzv-conf=is_host=0" in torchrun_args(2, 4, "10.0.0.1:20042", "42", False, "train.py")
+
+
+def test_node_exit_status_from_worker_exit_codes():
+    assert exit_status([75]) == 75
+    assert exit_status([-15, 75]) == 75  # a sibling SIGTERMed by torchrun right after the first 75
+    assert exit_status([-15]) == 1  # SIGTERM alone: killed from outside (scancel, the hard time limit)
+    assert exit_status([1, 75]) == 1 and exit_status([-9, 75]) == 1 and exit_status([2]) == 1
