@@ -8,7 +8,7 @@ from rl_training.algs.objectives import OBJECTIVES, StepNorm
 from rl_training.config import LoraCfg
 from rl_training.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.trainer import NULL_PROBES, UpdateHParams, make_micro_batches, train_on_rollouts
 
 G = 2  # completions per prompt in the fake rollouts
 
@@ -75,5 +75,5 @@ def grads_after(
         tis_cap=tis_cap,
     )
     norm = StepNorm(seqs=len(rollouts), tokens=sum(len(c) for c in rollouts.completion_ids), max_new_tokens=8)
-    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, probes)
+    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats

@@ -105,7 +105,7 @@ def test_packed_old_logprobs_equal_new_in_epoch_zero(policy):
 
 def test_unit_probe_norms_equal_padded(policy):
     """LoraUnitCapture's exact per-group squared norms, packed rows gathered group by group = padded rows."""
-    from rl_training.algs.objectives import OBJECTIVES, StepNorm, policy_loss
+    from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 
     ro = skewed_rollouts(3, seed=9)
     adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
@@ -119,7 +119,9 @@ def test_unit_probe_norms_equal_padded(policy):
             p.grad = None
         with cap.capture(3, None if mb.packed is None else mb.packed.group_tokens):
             logp = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
-            loss = policy_loss(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+            loss = policy_loss(
+                LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+            )
             loss.loss.backward()
         cap.remove()
         assert cap.hooks_ok and cap.error is None
