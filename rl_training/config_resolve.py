@@ -61,7 +61,7 @@ def resolve(
     loss.clip_low/high -> the objective's paper values; with a `world_size`, the derived per-rank batch (its
     divisibility checked); with `upload`, sync.* filled from RL_SYNC_* and checked (every rank calls it: a
     ConfigError must not stop rank 0 alone). What is resolved is saved and logged as such."""
-    cfg = copy.deepcopy(cfg)
+    cfg = _thaw(copy.deepcopy(cfg))  # resolving a resolved config (evals re-resolve checkpoints' ones) is allowed
     resolve_paths(cfg)
     if backend:
         from rl_training.rollout.factory import resolve_backend_name
@@ -94,6 +94,14 @@ def _refuse_after_freeze(self, name: str, value) -> None:
 
 
 _FROZEN: dict[type, type] = {}
+
+
+def _thaw(cfg: Config) -> Config:
+    """The inverse of `freeze`, in place (on a copy: see resolve)."""
+    for obj in (cfg, *(getattr(cfg, f.name) for f in dataclasses.fields(cfg))):
+        if obj.__dict__.pop("_frozen_", False):
+            object.__setattr__(obj, "__class__", type(obj).__mro__[1])
+    return cfg
 
 
 def freeze(cfg: Config) -> Config:
