@@ -36,11 +36,13 @@ class MicroBatch:
     input_ids: torch.Tensor  # [B,T] prompt + completion, right-padded
     attention_mask: torch.Tensor  # [B,T] 1 on real tokens
     targets: torch.Tensor  # [B,T-1] input_ids shifted left: the token each position predicts
-    mask: torch.Tensor  # [B,T-1] 1 where the target is a completion token (stop token included)
+    mask: torch.Tensor  # [B,T-1] 1 where the target is a sampled completion token (stop token included; 0 on
+    #                     prompt, padding and multi-turn observation tokens: Rollouts.loss_mask)
     advantages: torch.Tensor  # [B]
     rollout_logp: torch.Tensor  # [B,T-1] sampler log-probs aligned with `mask`, 0 elsewhere
     group_ids: list[int]  # [B/G] indices of the groups in this micro-batch
     n_units: int = 0  # groups of the micro-batch before zero-advantage groups were dropped (>= len(group_ids))
+    turn: torch.Tensor | None = None  # [B,T-1] turn number (1..) of each target in `mask`, 0 elsewhere; multi-turn
 
     def __post_init__(self):
         self.n_units = self.n_units or len(self.group_ids)
@@ -77,13 +79,17 @@ def make_micro_batches(
         attn = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width - 1))
         rlogp = torch.zeros((len(rows), width - 1))
+        turn = torch.zeros((len(rows), width - 1), dtype=torch.long) if rollouts.turn_index is not None else None
         for b, r in enumerate(rows):
             p, c = len(rollouts.prompt_ids[r]), len(rollouts.completion_ids[r])
             ids[b, : p + c] = torch.tensor(seqs[b])
             attn[b, : p + c] = 1
             # position t predicts token t+1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
-            mask[b, p - 1 : p + c - 1] = 1
-            rlogp[b, p - 1 : p + c - 1] = torch.tensor(rollouts.logprobs[r][:c])
+            lm = 1.0 if rollouts.loss_mask is None else torch.tensor(rollouts.loss_mask[r], dtype=torch.float)
+            mask[b, p - 1 : p + c - 1] = lm
+            rlogp[b, p - 1 : p + c - 1] = torch.tensor(rollouts.logprobs[r][:c]) * lm
+            if turn is not None:
+                turn[b, p - 1 : p + c - 1] = torch.tensor(rollouts.turn_index[r])
         out.append(
             MicroBatch(
                 input_ids=ids.to(device),
@@ -94,6 +100,7 @@ def make_micro_batches(
                 rollout_logp=rlogp.to(device),
                 group_ids=gids,
                 n_units=len(block),
+                turn=turn.to(device) if turn is not None else None,
             )
         )
     return out
@@ -153,8 +160,9 @@ def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int
 
 
 def step_norm(rollouts: Rollouts, seqs_per_rank: int, max_new_tokens: int, device: torch.device) -> StepNorm:
-    """This step's normalisers; the token count is global (all ranks, zero-advantage groups included)."""
-    tokens = dist.reduce_sums({"t": sum(len(c) for c in rollouts.completion_ids)}, device)["t"]
+    """This step's normalisers; the token count is global (all ranks, zero-advantage groups included) and counts
+    trainable tokens only. `max_new_tokens`: the most trainable tokens a sequence holds (Derived)."""
+    tokens = dist.reduce_sums({"t": sum(rollouts.trainable(i) for i in range(len(rollouts)))}, device)["t"]
     return StepNorm(seqs=seqs_per_rank, tokens=max(tokens / dist.world_size(), 1.0), max_new_tokens=max_new_tokens)
 
 
@@ -179,6 +187,11 @@ class TrainStats:
     # rollout row -> mean |trainer - sampler| log-prob over its completion tokens, epoch 0 (rows of dropped
     # zero-advantage groups are absent): the per-sample canary the rollout samples show
     seq_logp_gap: dict[int, float] = dataclasses.field(default_factory=dict)
+    # multi-turn: turn t -> (token sum of |trainer - sampler| log-prob, tokens) over turn t's sampled tokens, epoch 0
+    turn_logp_diff: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+
+MAX_TURNS = 32  # the per-turn canary's fixed width (multiturn.max_turns <= 32): no host sync to size it
 
 
 class DeviceStats:
@@ -187,12 +200,13 @@ class DeviceStats:
     `.item()` calls per micro-batch)."""
 
     def __init__(self, device: torch.device, epochs: int):
-        host_only = ("epochs", "skipped", "seq_logp_gap")
+        host_only = ("epochs", "skipped", "seq_logp_gap", "turn_logp_diff")
         names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in host_only]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
         self.epochs = epochs
         self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
         self.seq_gaps: list[tuple[list[int], torch.Tensor]] = []  # (rollout rows, [rows] gap) per micro-batch
+        self.turn_sums = torch.zeros((2, MAX_TURNS + 1), dtype=torch.float64, device=device)  # [gap sum, tokens][turn]
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.v[name] += value.detach()
@@ -209,13 +223,16 @@ class DeviceStats:
     def to_stats(self) -> TrainStats:
         names = list(self.v)
         gaps = [g.to(torch.float64) for _, g in self.seq_gaps]
-        values = torch.cat([torch.stack([self.v[k] for k in names]), *gaps]).tolist()  # the one host copy
+        flat = [torch.stack([self.v[k] for k in names]), *gaps, self.turn_sums.flatten()]
+        values = torch.cat(flat).tolist()  # the one host copy
         rows = [r for rs, _ in self.seq_gaps for r in rs]
+        turn_gap, turn_tok = values[-2 * (MAX_TURNS + 1) : -(MAX_TURNS + 1)], values[-(MAX_TURNS + 1) :]
         return TrainStats(
             **dict(zip(names, values[: len(names)], strict=True)),
             epochs=self.epochs,
             skipped=self.skipped,
-            seq_logp_gap=dict(zip(rows, values[len(names) :], strict=True)),
+            seq_logp_gap=dict(zip(rows, values[len(names) : -2 * (MAX_TURNS + 1)], strict=True)),
+            turn_logp_diff={t: (turn_gap[t], turn_tok[t]) for t in range(1, MAX_TURNS + 1) if turn_tok[t] > 0},
         )
 
 
@@ -230,6 +247,10 @@ def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_
     rows = [g * group + i for g in mb.group_ids for i in range(group)]
     stats.seq_gaps.append((rows, log_rho.abs().sum(1) / m.sum(1).clamp(min=1)))
     stats.max("logp_absdiff_max", log_rho.abs().max())
+    if mb.turn is not None:  # per-turn canary: 0 (observations, prompt, padding) collects nothing that is read
+        t = mb.turn.flatten()
+        stats.turn_sums[0].scatter_add_(0, t, log_rho.abs().flatten().double())
+        stats.turn_sums[1].scatter_add_(0, t, mb.mask.flatten().double())
     stats.add("is_ratio_sum", rho.sum())
     stats.max("is_ratio_max", rho.max())
     if tis_cap <= 0:

@@ -30,6 +30,7 @@ from rl_training.cli import run_cli
 from rl_training.config import Config, Derived, derive, resolve_paths, to_dict, to_yaml
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
+from rl_training.episode_metrics import episode_metrics
 from rl_training.lifeline import tie_to_launcher
 from rl_training.metrics import MetricsLogger, PhaseTimer, step_metrics
 from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
@@ -40,6 +41,7 @@ from rl_training.probes.probe import StepProbes
 from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, build_backend, resolve_backend_name
+from rl_training.rollout.episodes import with_episodes
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
 from rl_training.setup import build_optimizer, resolve_resume, seed_all, set_cpu_threads
@@ -147,7 +149,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
     rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
-    backend = build_backend(cfg, model, tokenizer, info)
+    backend = with_episodes(cfg, build_backend(cfg, model, tokenizer, info), tokenizer)  # search: episodes
     set_rng_state(rng)
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
@@ -224,9 +226,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             cfg.train.drop_zero_adv_groups,
         )
         lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.d.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
+        norm = step_norm(rollouts, run.d.seqs_per_rank, run.d.max_trainable_tokens, run.info.device)
         if run.probes is not None:
-            run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids])
+            run.probes.begin_step(G, advantages, [rollouts.trainable(i) for i in range(len(rollouts))])
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, run.hp, norm, run.probes)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
@@ -237,6 +239,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device))
     run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
     return {**metrics, **probe_metrics, **run.backend.metrics(), **run.skips.record(step + 1, stats.skipped)}
 
