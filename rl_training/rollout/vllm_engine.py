@@ -110,6 +110,12 @@ class VLLMBackend:
             kwargs["kv_cache_memory_bytes"] = int(v.kv_cache_gb * 2**30)
         if dist_info.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if response_budget(cfg):
+            # Multi-turn contexts are long prefills of seeded requests. With chunked prefill, a request whose
+            # prefill is split gets its sample discarded, and 0.32 then rewinds its seeded generator with
+            # `set_offset`, which a CPU torch.Generator refuses ("CPU Generator does not use offset",
+            # gpu_model_runner._bookkeeping_sync): without chunking every scheduled prefill completes.
+            kwargs["enable_chunked_prefill"] = False
         t0 = time.perf_counter()
         with llvmlite_hidden():
             self.llm = LLM(**kwargs)
