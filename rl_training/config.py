@@ -758,8 +758,6 @@ def check_multiturn(cfg: Config, where: str = "") -> None:
         )
     if not m.stop or any(not s for s in m.stop):
         raise ConfigError(f"{where}multiturn.stop={m.stop}: needs at least one non-empty stop string")
-    if cfg.data.format in ("search", "search_subem") and cfg.rollout.backend == "server":
-        raise ConfigError(f"{where}data.format={cfg.data.format} runs episodes on the vllm or hf backend, not server")
 
 
 _REMOTE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")

@@ -274,7 +274,7 @@ def with_episodes(cfg, backend, tokenizer):
     if cfg.data.format not in SEARCH_FORMATS:
         return backend
     if not hasattr(backend, "generate_turn"):
-        raise ValueError(f"rollout.backend={backend.name} cannot run multi-turn episodes (use vllm or hf)")
+        raise ValueError(f"rollout.backend={backend.name} cannot run multi-turn episodes (use vllm, hf or server)")
     from rl_training.search.build import make_retriever
 
     return EpisodeBackend(backend, make_retriever(cfg.search), tokenizer, EpisodeSpec.from_config(cfg))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rl_training import dist
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds, split_completion
@@ -224,6 +224,31 @@ class ServerBackend:
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         self.seen_versions = (version, version)
         return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [version] * len(completions))
+
+    def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
+        """One turn of multi-turn episodes (rollout/episodes.py) from the newest published version: one n=1
+        request per context with its own seed and cap, stopping at the stop strings or EOS. The server's
+        `token_ids` end with the token that completed a stop string (the engine's rule, episodes.py)."""
+        from rl_training.rollout.episodes import TurnSample
+
+        model = self.served_name(self.version)
+        bodies = [
+            {**self._body(c, replace(spec, n=1, max_new_tokens=m), model, sd), "stop": list(stop)}
+            for c, m, sd in zip(contexts, max_tokens, seeds, strict=True)
+        ]
+        futures = [
+            self.client.pool.submit(self.client.request, "POST", "/v1/completions", b, url=self.rank + i)
+            for i, b in enumerate(bodies)
+        ]
+        turns = []
+        for c, fut in zip(contexts, futures, strict=True):
+            (choice,) = fut.result()["choices"]
+            if choice["prompt_token_ids"] != c:
+                raise ServerError(f"server answered another context (model {model})")
+            ids = list(choice["token_ids"])
+            turns.append(TurnSample(ids, [float(x) for x in choice["logprobs"]["token_logprobs"][: len(ids)]]))
+        self.seen_versions = (self.version, self.version)
+        return turns
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:
