@@ -3,6 +3,8 @@ one batched retrieval per turn, and the real backends (HF; vLLM on CPU, slow) ru
 
 from __future__ import annotations
 
+import pytest
+
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import INVALID_ACTION, EpisodeSpec, TurnSample, parse_action, run_episodes, turn_end
 from rl_training.search.retriever import Passage, RetrievalResult, information_block
@@ -174,3 +176,37 @@ def test_hf_backend_runs_episodes(tiny_model):
             stops = [j for j, ch in enumerate(text) if ch in "ae"]
             assert not stops or stops[0] == len(text) - 1
             assert len(ids) <= 12
+
+
+def test_episode_metrics_values():
+    """Two episodes: (2 turns, 1 search, answered, 30 observation tokens) and (3 turns, 1 invalid, truncated by
+    turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8; per-turn canary turn 1: 0.2 / 4 tokens."""
+    from rl_training.episode_metrics import episode_metrics
+    from rl_training.rollout.base import Rollouts
+    from rl_training.search.retriever import RetrievalStats
+
+    e1 = {"turns": 2, "searches": 1, "invalid": 0, "answered": True, "obs_tokens": 30, "obs_capped": 0}
+    e2 = {"turns": 3, "searches": 0, "invalid": 1, "answered": False, "obs_tokens": 10, "obs_capped": 1}
+    stats = RetrievalStats(queries=1, failed=0, retries=0, latencies_s=[0.002])
+    ro = Rollouts(
+        [[1], [1]], [[5] * 6, [5] * 4], [[0.0] * 6, [0.0] * 4], [False, True], ["", ""],
+        loss_mask=[[1, 1, 0, 0, 1, 1], [1, 0, 1, 1]], turn_index=[[1, 1, 0, 0, 2, 2], [1, 0, 2, 2]],
+        episodes=[{**e1, "truncated": ""}, {**e2, "truncated": "turns"}], retrieval=stats,
+    )  # fmt: skip
+    m = episode_metrics(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, torch_device())
+    assert m["rollout/turns_mean"] == 2.5 and m["rollout/searches_mean"] == 0.5
+    assert m["rollout/valid_action_rate"] == 0.8 and m["rollout/answer_rate"] == 0.5
+    assert m["rollout/truncated_turns_rate"] == 0.5 and m["rollout/truncated_tokens_rate"] == 0.0
+    assert m["rollout/obs_tokens_mean"] == 20.0 and m["rollout/obs_capped"] == 1.0
+    assert m["rollout/trainable_tokens_mean"] == 3.5  # (4 + 3) / 2
+    assert m["rollout/logp_diff_turn1"] == pytest.approx(0.05) and m["rollout/logp_diff_turn2"] == pytest.approx(0.025)
+    assert "rollout/logp_diff_turn3" not in m
+    assert m["retrieval/queries"] == 1.0 and m["retrieval/latency_p50_ms"] == pytest.approx(2.0)
+    single = Rollouts([[1]], [[5]], [[0.0]], [False], [""])
+    assert episode_metrics(single, {}, torch_device()) == {}
+
+
+def torch_device():
+    import torch
+
+    return torch.device("cpu")
