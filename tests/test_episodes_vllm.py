@@ -96,8 +96,9 @@ def test_real_episodes_chain_contexts_and_never_train_on_observations(search_run
         return out
 
     monkeypatch.setattr(engine, "generate_turn", recording)
-    prompts = search_run.prompts[:4]
-    ro = backend.generate(prompts, SamplingSpec(n=2, max_new_tokens=0, temperature=1.0, seed=5))
+    prompts = search_run.prompts[:8]
+    # greedy: the briefly trained model's argmax episodes search (its samples at T=1 mostly do not yet)
+    ro = backend.generate(prompts, SamplingSpec(n=1, max_new_tokens=0, greedy=True))
     eps = ro.episodes
     assert sum(e["searches"] for e in eps) > 0 and max(e["turns"] for e in eps) >= 2
     for i in range(len(ro)):
