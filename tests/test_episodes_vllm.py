@@ -133,7 +133,8 @@ def test_two_rank_search_run(overrides, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = [json.loads(x) for x in (tmp_path / "runs" / "search_cpu" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["rollout/logp_diff_turn1"] < 1e-3 and m["retrieval/queries"] > 0 for m in metrics)
+    assert all(m["rollout/logp_diff_turn1"] < 1e-3 and m["rollout/logp_diff_turn2"] < 1e-3 for m in metrics)
+    assert sum(m["retrieval/queries"] for m in metrics) > 0  # (a step at T=1 may have no search yet)
 
 
 class Crash(Exception):
