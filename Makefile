@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -19,6 +19,13 @@ demo: setup
 # Code rewards (docs/code.md): the synthetic program-synthesis task, programs graded in the bubblewrap sandbox.
 demo-code: setup
 	$(PY) scripts/demo.py --task code
+
+# Multi-turn search (Search-R1) on CPU: gold-episode SFT, RL with BM25 and the retriever=none ablation (docs/search.md).
+demo-search: setup
+	$(PY) scripts/demo_search.py
+
+bench-multiturn: setup
+	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
 
 test: setup
 	$(PY) -m pytest -q

@@ -347,6 +347,7 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
 
     from rl_training.assembly import seed_all, set_cpu_threads
     from rl_training.models import build_policy
+    from rl_training.rollout.episodes import with_episodes
     from rl_training.rollout.factory import build_backend
 
     set_cpu_threads()
@@ -354,7 +355,7 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
     t0 = time.perf_counter()
     _, model = build_policy(cfg, info.device)
     model.eval()
-    backend = build_backend(cfg, model, tokenizer, info)
+    backend = with_episodes(cfg, build_backend(cfg, model, tokenizer, info), tokenizer)  # search: episodes
     print(f"built the {backend.name} engine once for {len(todo)} evaluations in {time.perf_counter() - t0:.1f} s")
     out_dir = run_dir / "eval" / name
     bar = tqdm(

@@ -382,6 +382,9 @@ class SftCfg:
     warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
     full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
     max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+    gold_episodes: str = _f(
+        "", "Multi-turn gold episodes jsonl (scripts/make_search_data.py): train on them, observations masked."
+    )
     overwrite: bool = _f(
         False, "Replace an existing run_dir/final_model (and its metrics.jsonl); false = refuse to start."
     )
@@ -406,6 +409,21 @@ class SearchCfg:
 
 
 @dataclass
+class MultiTurnCfg:
+    """Episode limits of the search tasks (rollout/episodes.py); docs/search.md."""
+
+    max_turns: int = _f(4, "Turns per episode, the answering one included (Search-R1: 4).", ge=1, le=32)
+    max_tokens_per_turn: int = _f(500, "Sampled tokens per turn (Search-R1: 500).", ge=1)
+    max_response_tokens: int = _f(
+        2048,
+        "Episode budget after the prompt, sampled and observation tokens; past it the episode ends truncated.",
+        ge=1,
+    )
+    max_obs_tokens: int = _f(512, "Tokens of one observation; longer ones are cut and counted.", ge=1)
+    stop: list[str] = _f(["</search>", "</answer>"], "Strings that end a turn (besides EOS); kept in the tokens.")
+
+
+@dataclass
 class Config:
     run: RunCfg = field(default_factory=RunCfg)
     model: ModelCfg = field(default_factory=ModelCfg)
@@ -425,6 +443,7 @@ class Config:
     eval: EvalCfg = field(default_factory=EvalCfg)
     sft: SftCfg = field(default_factory=SftCfg)
     search: SearchCfg = field(default_factory=SearchCfg)
+    multiturn: MultiTurnCfg = field(default_factory=MultiTurnCfg)
 
 
 @dataclass(frozen=True)
@@ -437,6 +456,9 @@ class Derived:
     accum_steps: int  # micro-batches per optimizer step on each rank
     micro_batch_seqs: int  # sequences per micro-batch
     run_dir: Path
+    # Dr-GRPO's constant: the most trainable tokens a sequence can hold (rollout.max_new_tokens; for the
+    # multi-turn search tasks min(max_turns x max_tokens_per_turn, max_response_tokens), observations excluded)
+    max_trainable_tokens: int = 0
 
 
 def derive(cfg: Config, world_size: int) -> Derived:
@@ -459,7 +481,15 @@ def derive(cfg: Config, world_size: int) -> Derived:
         accum_steps=groups // t.micro_batch_groups,
         micro_batch_seqs=t.micro_batch_groups * r.group_size,
         run_dir=Path(cfg.run.output_dir) / cfg.run.name,
+        max_trainable_tokens=max_trainable_tokens(cfg),
     )
+
+
+def max_trainable_tokens(cfg: Config) -> int:
+    if cfg.data.format not in ("search", "search_subem"):
+        return cfg.rollout.max_new_tokens
+    m = cfg.multiturn
+    return min(m.max_turns * m.max_tokens_per_turn, m.max_response_tokens)
 
 
 def _field_types(cls: type) -> dict[str, Any]:

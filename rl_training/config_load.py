@@ -288,7 +288,19 @@ def load_config(
             "(pass@k and maj@k need n >= k samples per problem)"
         )
     check_sync_target(cfg.sync.remote, cfg.sync.bucket, cfg.sync.path, where)
+    check_multiturn(cfg, where)
     return cfg
+
+
+def check_multiturn(cfg: Config, where: str = "") -> None:
+    m = cfg.multiturn
+    if m.max_tokens_per_turn > m.max_response_tokens:
+        raise ConfigError(
+            f"{where}multiturn.max_tokens_per_turn={m.max_tokens_per_turn} > multiturn.max_response_tokens="
+            f"{m.max_response_tokens}: one turn could never use its cap"
+        )
+    if not m.stop or any(not s for s in m.stop):
+        raise ConfigError(f"{where}multiturn.stop={m.stop}: needs at least one non-empty stop string")
 
 
 def check_async(cfg: Config, where: str = "", training: bool = True) -> None:

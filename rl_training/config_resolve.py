@@ -15,7 +15,15 @@ from rl_training.config import Config, Derived, derive, get_key
 
 # Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
 # ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
-PATH_KEYS = ["model.name_or_path", "data.train", "data.eval", "ckpt.resume", "search.corpus", "search.bm25_index"]
+PATH_KEYS = [
+    "model.name_or_path",
+    "data.train",
+    "data.eval",
+    "ckpt.resume",
+    "search.corpus",
+    "search.bm25_index",
+    "sft.gold_episodes",
+]
 
 
 def absolute_path(value: str) -> str:

@@ -51,9 +51,12 @@ def sample_record(
     truncated: bool,
     policy_version: int,
     logp_gap: float | None,
+    episode: dict | None = None,
 ) -> dict:
-    """One sample line: what a researcher needs to judge a rollout without the run's other files."""
+    """One sample line: what a researcher needs to judge a rollout without the run's other files. Multi-turn
+    episodes add `episode`: the whole response with its observations (`text`) and the episode's counts."""
     return {
+        **({"episode": episode} if episode is not None else {}),
         "step": step,
         "rank": rank,
         "group": row // group_size,
@@ -68,6 +71,13 @@ def sample_record(
         "policy_version": policy_version,
         "logp_gap": logp_gap,  # mean |trainer - sampler| log-prob over the sequence's sampled tokens
     }
+
+
+def episode_record(rollouts, row: int, tokenizer) -> dict | None:
+    """A multi-turn episode's whole response (sampled turns and observations, in order) and its counts."""
+    if rollouts.episodes is None:
+        return None
+    return {"text": tokenizer.decode(rollouts.completion_ids[row], skip_special_tokens=True), **rollouts.episodes[row]}
 
 
 class SampleWriter:
@@ -176,6 +186,7 @@ class StepSamples:
                 truncated=bool(rollouts.truncated[row]),
                 policy_version=int(versions[row]) if versions is not None else step - 1,
                 logp_gap=seq_gap.get(row),
+                episode=episode_record(rollouts, row, self.tokenizer),
             )
             for row in mine
         ]

@@ -40,12 +40,14 @@ class MicroBatch:
     input_ids: torch.Tensor  # [B,T] prompt + completion, right-padded
     attention_mask: torch.Tensor  # [B,T] 1 on real tokens
     targets: torch.Tensor  # [B,T-1] input_ids shifted left: the token each position predicts
-    mask: torch.Tensor  # [B,T-1] 1 where the target is a completion token (stop token included)
+    mask: torch.Tensor  # [B,T-1] 1 where the target is a sampled completion token (stop token included; 0 on
+    #                     prompt, padding and multi-turn observation tokens: Rollouts.loss_mask)
     advantages: torch.Tensor  # [B]
     rollout_logp: torch.Tensor  # [B,T-1] sampler log-probs aligned with `mask`, 0 elsewhere
     group_ids: list[int]  # [B/G] indices of the groups in this micro-batch
     n_units: int = 0  # groups of the micro-batch before zero-advantage groups were dropped (>= len(group_ids))
     packed: PackedRows | None = None  # the same sequences without padding (train.pack_sequences); the model runs on it
+    turn: torch.Tensor | None = None  # [B,T-1] turn number (1..) of each target in `mask`, 0 elsewhere; multi-turn
 
     def __post_init__(self):
         self.n_units = self.n_units or len(self.group_ids)
@@ -94,15 +96,24 @@ def make_micro_batches(
         ids_l = [x + [pad_id] * (width - len(x)) for x in seqs]
         attn_l = [[1] * len(x) + [0] * (width - len(x)) for x in seqs]
         mask_l, rlogp_l = [], []
+        turn_l: list | None = [] if rollouts.turn_index is not None else None
         for r in rows:
             p, c = len(rollouts.prompt_ids[r]), len(rollouts.completion_ids[r])
             # position t predicts token t+1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
-            mask_l.append([0.0] * (p - 1) + [1.0] * c + [0.0] * (width - p - c))
-            rlogp_l.append([0.0] * (p - 1) + list(rollouts.logprobs[r][:c]) + [0.0] * (width - p - c))
+            # loss_mask (multi-turn): 0 on observation tokens, which are never trained on
+            lm = [1.0] * c if rollouts.loss_mask is None else [float(x) for x in rollouts.loss_mask[r]]
+            tail = [0.0] * (width - p - c)
+            mask_l.append([0.0] * (p - 1) + lm + tail)
+            rlogp_l.append(
+                [0.0] * (p - 1) + [lp * m for lp, m in zip(rollouts.logprobs[r][:c], lm, strict=True)] + tail
+            )
+            if turn_l is not None:
+                turn_l.append([0] * (p - 1) + list(rollouts.turn_index[r]) + [0] * (width - p - c))
         ids = torch.tensor(ids_l, dtype=torch.long)
         attn = torch.tensor(attn_l, dtype=torch.long)
         mask = torch.tensor(mask_l)
         rlogp = torch.tensor(rlogp_l)
+        turn = torch.tensor(turn_l, dtype=torch.long) if turn_l is not None else None
         packed = None
         if pack_row_tokens is not None:
             packed = packed_to(pack_sequences(seqs, group_size, pad_id, pack_row_tokens, width), device)
@@ -117,6 +128,7 @@ def make_micro_batches(
                 group_ids=gids,
                 n_units=len(block),
                 packed=packed,
+                turn=turn.to(device) if turn is not None else None,
             )
         )
     return out
@@ -183,8 +195,9 @@ def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int
 
 
 def step_norm(rollouts: Rollouts, seqs_per_rank: int, max_new_tokens: int, device: torch.device) -> StepNorm:
-    """This step's normalisers; the token count is global (all ranks, zero-advantage groups included)."""
-    tokens = dist.reduce_sums({"t": sum(len(c) for c in rollouts.completion_ids)}, device)["t"]
+    """This step's normalisers; the token count is global (all ranks, zero-advantage groups included) and counts
+    trainable tokens only. `max_new_tokens`: the most trainable tokens a sequence holds (Derived)."""
+    tokens = dist.reduce_sums({"t": sum(rollouts.trainable(i) for i in range(len(rollouts)))}, device)["t"]
     return StepNorm(seqs=seqs_per_rank, tokens=max(tokens / dist.world_size(), 1.0), max_new_tokens=max_new_tokens)
 
 
@@ -210,6 +223,11 @@ class TrainStats:
     # rollout row -> mean |trainer - sampler| log-prob over its completion tokens, epoch 0 (rows of dropped
     # zero-advantage groups are absent): the per-sample canary the rollout samples show
     seq_logp_gap: dict[int, float] = dataclasses.field(default_factory=dict)
+    # multi-turn: turn t -> (token sum of |trainer - sampler| log-prob, tokens) over turn t's sampled tokens, epoch 0
+    turn_logp_diff: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+
+MAX_TURNS = 32  # the per-turn canary's fixed width (multiturn.max_turns <= 32): no host sync to size it
 
 
 class DeviceStats:
@@ -218,12 +236,13 @@ class DeviceStats:
     `.item()` calls per micro-batch)."""
 
     def __init__(self, device: torch.device, epochs: int, kl_measured: bool = True):
-        host_only = ("epochs", "kl_measured", "skipped", "seq_logp_gap")
+        host_only = ("epochs", "kl_measured", "skipped", "seq_logp_gap", "turn_logp_diff")
         names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in host_only]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
         self.epochs, self.kl_measured = epochs, kl_measured
         self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
         self.seq_gaps: list[tuple[list[int], torch.Tensor]] = []  # (rollout rows, [rows] gap) per micro-batch
+        self.turn_sums = torch.zeros((2, MAX_TURNS + 1), dtype=torch.float64, device=device)  # [gap sum, tokens][turn]
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.v[name] += value.detach()
@@ -240,14 +259,17 @@ class DeviceStats:
     def to_stats(self) -> TrainStats:
         names = list(self.v)
         gaps = [g.to(torch.float64) for _, g in self.seq_gaps]
-        values = torch.cat([torch.stack([self.v[k] for k in names]), *gaps]).tolist()  # the one host copy
+        flat = [torch.stack([self.v[k] for k in names]), *gaps, self.turn_sums.flatten()]
+        values = torch.cat(flat).tolist()  # the one host copy
         rows = [r for rs, _ in self.seq_gaps for r in rs]
+        turn_gap, turn_tok = values[-2 * (MAX_TURNS + 1) : -(MAX_TURNS + 1)], values[-(MAX_TURNS + 1) :]
         return TrainStats(
             **dict(zip(names, values[: len(names)], strict=True)),
             epochs=self.epochs,
             kl_measured=self.kl_measured,
             skipped=self.skipped,
-            seq_logp_gap=dict(zip(rows, values[len(names) :], strict=True)),
+            seq_logp_gap=dict(zip(rows, values[len(names) : -2 * (MAX_TURNS + 1)], strict=True)),
+            turn_logp_diff={t: (turn_gap[t], turn_tok[t]) for t in range(1, MAX_TURNS + 1) if turn_tok[t] > 0},
         )
 
 
@@ -262,6 +284,10 @@ def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_
     rows = [g * group + i for g in mb.group_ids for i in range(group)]
     stats.seq_gaps.append((rows, log_rho.abs().sum(1) / m.sum(1).clamp(min=1)))
     stats.max("logp_absdiff_max", log_rho.abs().max())
+    if mb.turn is not None:  # per-turn canary: 0 (observations, prompt, padding) collects nothing that is read
+        t = mb.turn.flatten()
+        stats.turn_sums[0].scatter_add_(0, t, log_rho.abs().flatten().double())
+        stats.turn_sums[1].scatter_add_(0, t, mb.mask.flatten().double())
     stats.add("is_ratio_sum", rho.sum())
     stats.max("is_ratio_max", rho.max())
     if tis_cap <= 0:

@@ -42,6 +42,20 @@ def fake_rollouts(n_groups: int, seed: int = 0) -> Rollouts:
     return Rollouts(prompts, comps, lps, [False] * len(comps), [""] * len(comps))
 
 
+def with_observations(ro: Rollouts, obs_logp: float = 5.0, seed: int = 1) -> Rollouts:
+    """`ro` made multi-turn: each completion split after its first token by a 2-4 token observation (mask 0,
+    turn 0, sampler log-prob `obs_logp`: nonsense that nothing may read); the tokens after it are turn 2."""
+    g = torch.Generator().manual_seed(seed)
+    comps, lps, masks, turns = [], [], [], []
+    for c, lp in zip(ro.completion_ids, ro.logprobs, strict=True):
+        obs = torch.randint(2, 200, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
+        comps.append(c[:1] + obs + c[1:])
+        lps.append(lp[:1] + [obs_logp] * len(obs) + lp[1:])
+        masks.append([1] + [0] * len(obs) + [1] * (len(c) - 1))
+        turns.append([1] + [0] * len(obs) + [2] * (len(c) - 1))
+    return Rollouts(ro.prompt_ids, comps, lps, ro.truncated, ro.texts, loss_mask=masks, turn_index=turns)
+
+
 def grads_after(
     model,
     rollouts,
@@ -74,6 +88,8 @@ def grads_after(
         max_grad_norm=0.0,
         tis_cap=tis_cap,
     )
-    norm = StepNorm(seqs=len(rollouts), tokens=sum(len(c) for c in rollouts.completion_ids), max_new_tokens=8)
+    norm = StepNorm(
+        seqs=len(rollouts), tokens=sum(rollouts.trainable(i) for i in range(len(rollouts))), max_new_tokens=8
+    )
     stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats

@@ -222,3 +222,20 @@ def test_dead_server_stops_the_run_and_resume_continues(server_overrides, server
     for a, b in zip(straight, resumed, strict=True):
         for k in ("rollout/reward_mean", "rollout/response_len_mean", "train/loss", "train/grad_norm"):
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-8), (a["step"], k)
+
+
+def test_server_runs_episode_turns_like_the_colocated_engine(server_run, server):
+    """generate_turn over HTTP: seeded per context, stop strings honoured with the completing token kept (the
+    random-ish warm model writes 'a' and 'e' often: single-character stops), and the same seed draws the same
+    turn again."""
+    from rl_training.rollout.episodes import turn_end
+
+    backend, tok = server_run.backend, server_run.tokenizer
+    contexts = server_run.prompts[:3]
+    spec = SamplingSpec(n=1, max_new_tokens=0, temperature=0.7)
+    a = backend.generate_turn(contexts, [12, 12, 3], [11, 12, 13], spec, ("a", "e"))
+    b = backend.generate_turn(contexts, [12, 12, 3], [11, 12, 13], spec, ("a", "e"))
+    assert [t.ids for t in a] == [t.ids for t in b]
+    for t, cap in zip(a, [12, 12, 3], strict=True):
+        assert 1 <= len(t.ids) <= cap and len(t.logprobs) == len(t.ids)
+        assert turn_end(t.ids, tok, ("a", "e"), backend.stop_ids, cap) == len(t.ids)  # cut where vLLM cuts

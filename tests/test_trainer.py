@@ -20,7 +20,7 @@ from rl_training.trainer import (
     make_micro_batches,
     step_advantages,
 )
-from tests.helpers import G, fake_rollouts, grads_after, lora_policy
+from tests.helpers import G, fake_rollouts, grads_after, lora_policy, with_observations
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +266,48 @@ def test_skipped_reference_forward_leaves_kl_unmeasured(policy):
     assert on.kl_measured and on.kl_sum > 1e-6
     assert not off.kl_measured and off.kl_sum == 0.0
     assert off.loss == pytest.approx(on.loss, rel=1e-12)  # kl_coef = 0: the loss does not depend on it
+
+
+# ------------------------------------------------------------------------------ multi-turn: masks with holes
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_observation_tokens_are_never_trained(policy, name):
+    """Completions with observation holes (Rollouts.loss_mask): the gradient, the KL, the canary, TIS and the
+    token count do not depend on what the observation tokens' sampler log-probs say, and the gradient keeps
+    its micro-batch split and padding invariance."""
+    base = fake_rollouts(4)
+    ro = with_observations(base, obs_logp=5.0)
+    ro_other = with_observations(base, obs_logp=-30.0)
+    adv = torch.tensor([0.5, -0.5, 0.3, -0.3, 0.0, 0.0, 1.0, -1.0], dtype=torch.float64)
+    kw = {"objective": name, "kl_coef": 0.1, "tis_cap": 2.0}
+    g, s = grads_after(policy, ro, adv, groups_per_micro=4, **kw)
+    g_other, s_other = grads_after(policy, ro_other, adv, groups_per_micro=4, **kw)
+    g_split, _ = grads_after(policy, ro, adv, groups_per_micro=1, extra_pad=5, **kw)
+    assert g.abs().max() > 1e-4
+    torch.testing.assert_close(g_other, g, rtol=0, atol=0)
+    torch.testing.assert_close(g_split, g, rtol=1e-9, atol=1e-12)
+    for k in ("logp_absdiff_sum", "logp_absdiff_max", "is_ratio_sum", "is_ratio_max", "is_truncated", "kl_sum"):
+        assert getattr(s_other, k) == getattr(s, k), k
+    assert s.tokens == sum(len(c) for c in base.completion_ids)  # trainable tokens only
+    # the per-turn canary splits the same sum by turn: turn 1 is each sequence's first token
+    assert s.turn_logp_diff[1][1] == len(ro) and sum(n for _, n in s.turn_logp_diff.values()) == s.tokens
+    assert sum(v for v, _ in s.turn_logp_diff.values()) == pytest.approx(s.logp_absdiff_sum, rel=1e-12)
+
+
+def test_masked_dr_grpo_gradient_equals_the_sum_over_sampled_tokens(policy):
+    """Oracle: on policy (epoch 0, ratio 1) without KL, Dr-GRPO's gradient is
+    -sum_i A_i sum_{t sampled} grad log pi(y_it) / (N x max_new_tokens), observation tokens left out."""
+    ro = with_observations(fake_rollouts(2))
+    adv = torch.tensor([0.7, -0.7, 0.2, -0.2], dtype=torch.float64)
+    g, _ = grads_after(policy, ro, adv, groups_per_micro=2)
+    params = trainable_parameters(policy)
+    for p in params:
+        p.grad = None
+    policy.eval()  # dropout off, as in the update
+    total = 0.0
+    for i in range(len(ro)):
+        seq = torch.tensor([ro.prompt_ids[i] + ro.completion_ids[i]])
+        logp = token_logprobs(policy(input_ids=seq).logits[:, :-1], seq[:, 1:])[0, len(ro.prompt_ids[i]) - 1 :]
+        total = total - adv[i] * (logp * torch.tensor(ro.loss_mask[i], dtype=torch.float64)).sum()
+    (total / (len(ro) * 8)).backward()
+    ref = torch.cat([p.grad.reshape(-1) for p in params])
+    torch.testing.assert_close(g, ref, rtol=1e-8, atol=1e-12)

@@ -59,6 +59,8 @@ def _completion_rows(ro: Rollouts, scores, lo: int, hi: int) -> list[dict]:
             "formatted": scores.formatted[j],
             "length": len(ro.completion_ids[j]),
             "truncated": ro.truncated[j],
+            # multi-turn episodes: turns and searches (the length above counts observation tokens too)
+            **({"turns": ro.episodes[j]["turns"], "searches": ro.episodes[j]["searches"]} if ro.episodes else {}),
         }
         for j in range(lo, hi)
     ]

@@ -118,6 +118,9 @@ def summarize(problems: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
         "response_len_mean": _mean([g["length"] for g in greedy]),
         "truncation_rate": _mean([float(g["truncated"]) for g in greedy]),
     }
+    if "turns" in greedy[0]:  # multi-turn episodes (rl_training/evaluation/evaluate.py)
+        out["turns_mean"] = _mean([g["turns"] for g in greedy])
+        out["searches_mean"] = _mean([g["searches"] for g in greedy])
     counts = {len(p["samples"]) for p in problems}
     if counts == {0}:
         if ks:
@@ -144,6 +147,8 @@ def summarize(problems: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
             "sampled_truncation_rate": _mean([float(s["truncated"]) for s in samples]),
         }
     )
+    if "turns" in samples[0]:
+        out["sampled_turns_mean"] = _mean([s["turns"] for s in samples])
     return out
 
 

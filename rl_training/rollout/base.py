@@ -7,7 +7,7 @@ methods; memory juggling (sleep/wake) and any engine internals stay inside the b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
@@ -21,6 +21,16 @@ class Rollouts:
     texts: list[str]  # [N] decoded completions, special tokens removed
     # [N] the published policy version that sampled each sequence, where the backend knows it (server); else None
     policy_version: list[int] | None = None
+    # Multi-turn episodes (rollout/episodes.py); None for single-turn completions.
+    loss_mask: list[list[int]] | None = None  # [N][len_i] 1 on sampled tokens, 0 on observations; None: all ones
+    turn_index: list[list[int]] | None = None  # [N][len_i] 1-based turn of each sampled token, 0 on observations
+    episodes: list[dict] | None = None  # [N] per-episode counts (Episode.summary: turns, searches, ...)
+    retrieval: Any = None  # the call's RetrievalStats (latencies, failures)
+    timing: dict[str, float] | None = None  # seconds per turn (turn1_s, ...) and retrieval_s of the call
+
+    def trainable(self, i: int) -> int:
+        """Tokens of sequence i the policy sampled (what every loss term and count reads)."""
+        return len(self.completion_ids[i]) if self.loss_mask is None else sum(self.loss_mask[i])
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -10,6 +10,7 @@ is 50).
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 
 import torch
@@ -114,6 +115,22 @@ def sampling_processors(spec: SamplingSpec, recorder: ChosenLogprobRecorder):
     return LogitsProcessorList([*warpers, recorder])
 
 
+def stop_on_strings(tokenizer, stop, prompt_width: int):
+    """A stopping criterion: a row is done once the text of its last generated tokens contains a stop string
+    (finished rows then get pads, which `turn_end` cuts off). Only a tail window is decoded per step."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    window = max((len(s) for s in stop), default=0) + 1
+
+    class StopOnStrings(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+            tail = input_ids[:, max(prompt_width, input_ids.shape[1] - window) :]
+            texts = tokenizer.batch_decode(tail, skip_special_tokens=True)
+            return torch.tensor([any(s in t for s in stop) for t in texts], device=input_ids.device)
+
+    return StoppingCriteriaList([StopOnStrings()])
+
+
 def stop_token_ids(model, tokenizer) -> set[int]:
     ids = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -155,7 +172,7 @@ class HFBackend:
             )
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], spec: SamplingSpec):
+    def _generate_batch(self, prompts: list[list[int]], spec: SamplingSpec, stop: tuple[str, ...] = ()):
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         # Left padding so every row's next token sits at the same column; generate derives position ids
@@ -171,6 +188,7 @@ class HFBackend:
             attention_mask=attn.to(device),
             generation_config=neutral_generation_config(spec, self.stop_ids, self.pad_id),
             logits_processor=sampling_processors(spec, recorder),
+            **({"stopping_criteria": stop_on_strings(self.tokenizer, stop, width)} if stop else {}),
         )
         new = out.sequences[:, width:]
         # log-probs of the processed scores the sampler drew from (temperature / top-p applied)
@@ -192,6 +210,26 @@ class HFBackend:
         self.model.train(was_training)
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Rollouts(expanded, completions, logprobs, truncated, texts)
+
+    def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
+        """One turn of multi-turn episodes (rollout/episodes.py). Rows stop at EOS or a stop string
+        (`StopOnStrings`) and are cut where vLLM cuts (`turn_end`). All rows of a call draw from one stream
+        seeded by the first row's seed (HF samples the batch with one torch generator)."""
+        from rl_training.rollout.episodes import TurnSample, turn_end
+
+        was_training = self.model.training
+        self.model.eval()
+        turns = []
+        with seeded(seeds[0] if seeds else None):
+            for s in range(0, len(contexts), self.batch_size):
+                batch, caps = contexts[s : s + self.batch_size], max_tokens[s : s + self.batch_size]
+                turn_spec = dataclasses.replace(spec, n=1, max_new_tokens=max(caps))
+                rows, lps = self._generate_batch(batch, turn_spec, tuple(stop))
+                for row, lp, cap in zip(rows, lps, caps, strict=True):
+                    k = turn_end(row, self.tokenizer, tuple(stop), self.stop_ids, cap)
+                    turns.append(TurnSample(row[:k], lp[:k]))
+        self.model.train(was_training)
+        return turns
 
     def sync_weights(self, model) -> None:
         pass  # generation runs on the trainer's model itself

@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rl_training import dist
@@ -241,6 +241,33 @@ class ServerBackend:
             yield
         finally:
             self._pin.version = None
+
+    def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
+        """One turn of multi-turn episodes (rollout/episodes.py) from the thread's pinned version, else the
+        newest: one n=1 request per context with its own seed and cap, stopping at the stop strings or EOS. The server's
+        `token_ids` end with the token that completed a stop string (the engine's rule, episodes.py)."""
+        from rl_training.rollout.episodes import TurnSample
+
+        version = getattr(self._pin, "version", None)
+        version = self.version if version is None else version
+        model = self.served_name(version)
+        bodies = [
+            {**self._body(c, replace(spec, n=1, max_new_tokens=m), model, sd), "stop": list(stop)}
+            for c, m, sd in zip(contexts, max_tokens, seeds, strict=True)
+        ]
+        futures = [
+            self.client.pool.submit(self.client.request, "POST", "/v1/completions", b, url=self.rank + i)
+            for i, b in enumerate(bodies)
+        ]
+        turns = []
+        for c, fut in zip(contexts, futures, strict=True):
+            (choice,) = fut.result()["choices"]
+            if choice["prompt_token_ids"] != c:
+                raise ServerError(f"server answered another context (model {model})")
+            ids = list(choice["token_ids"])
+            turns.append(TurnSample(ids, [float(x) for x in choice["logprobs"]["token_logprobs"][: len(ids)]]))
+        self.seen_versions = (version, version)
+        return turns
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 import torch
 
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
+from rl_training.rollout.episodes import response_budget
 from rl_training.rollout.hf import stop_token_ids
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
@@ -104,7 +105,7 @@ class VLLMBackend:
         self.sleep_enabled = bool(v.sleep and self.on_cuda)
         # Room for the longer of the two generation limits: the in-loop eval generates on this engine too.
         max_len = v.max_model_len or cfg.data.max_prompt_tokens + max(
-            cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens
+            cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens, response_budget(cfg)
         )
         kwargs = dict(
             model=cfg.model.name_or_path,
@@ -126,6 +127,12 @@ class VLLMBackend:
         self.lora_mode = v.weight_sync == "lora"
         if self.lora_mode:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, cfg.lora.r), max_loras=1)
+        if response_budget(cfg):
+            # Multi-turn contexts are long prefills of seeded requests. With chunked prefill, a request whose
+            # prefill is split gets its sample discarded, and 0.32 then rewinds its seeded generator with
+            # `set_offset`, which a CPU torch.Generator refuses ("CPU Generator does not use offset",
+            # gpu_model_runner._bookkeeping_sync): without chunking every scheduled prefill completes.
+            kwargs["enable_chunked_prefill"] = False
         t0 = time.perf_counter()
         with llvmlite_hidden():
             self.llm = LLM(**kwargs)
@@ -180,6 +187,39 @@ class VLLMBackend:
             truncated.append(c.finish_reason == "length")
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         return Rollouts(expanded, completions, logprobs, truncated, texts)
+
+    def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
+        """One turn of multi-turn episodes (rollout/episodes.py): one n=1 request per context with its own
+        seed and token cap, stopping at the stop strings or EOS. `token_ids` ends with the token that
+        completed a stop string (episodes.py's docstring), and is kept exactly as returned."""
+        from vllm import SamplingParams
+
+        from rl_training.rollout.episodes import TurnSample
+
+        self.wake()
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=m,
+                temperature=0.0 if spec.greedy else spec.temperature,
+                top_p=1.0 if spec.greedy else spec.top_p,
+                logprobs=0,
+                stop=list(stop),
+                stop_token_ids=sorted(self.stop_ids),
+                seed=seed,
+                skip_special_tokens=True,
+            )
+            for m, seed in zip(max_tokens, seeds, strict=True)
+        ]
+        outs = self.llm.generate(
+            [{"prompt_token_ids": c} for c in contexts], params, use_tqdm=False, lora_request=self.lora_request
+        )
+        turns = []
+        for out in outs:
+            (c,) = out.outputs
+            toks = list(c.token_ids)
+            turns.append(TurnSample(toks, [c.logprobs[i][t].logprob for i, t in enumerate(toks)]))
+        return turns
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:

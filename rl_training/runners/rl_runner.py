@@ -33,6 +33,7 @@ from rl_training.config_load import to_dict, to_yaml
 from rl_training.config_resolve import resolve
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
+from rl_training.episode_metrics import episode_metrics
 from rl_training.evaluation.evaluate import InLoopEval
 from rl_training.exit_codes import STOPPED_EXIT_CODE
 from rl_training.lifeline import tie_to_launcher
@@ -45,6 +46,7 @@ from rl_training.progress import make_progress
 from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
+from rl_training.rollout.episodes import with_episodes
 from rl_training.rollout.factory import build_backend
 from rl_training.run_lock import locked
 from rl_training.samples import StepSamples
@@ -153,7 +155,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
     rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
-    backend = build_backend(cfg, model, tokenizer, info, start_step)
+    backend = with_episodes(cfg, build_backend(cfg, model, tokenizer, info, start_step), tokenizer)  # search: episodes
     set_rng_state(rng)
     for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
         backend.republish(v, past_version_dir(resume_from, v))
@@ -266,8 +268,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             pack_row_tokens=cfg.train.pack_row_tokens if cfg.train.pack_sequences else None,
         )
         lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.derived.seqs_per_rank, cfg.rollout.max_new_tokens, run.info.device)
-        run.probes.begin_step(G, advantages, [len(c) for c in rollouts.completion_ids], step)
+        norm = step_norm(rollouts, run.derived.seqs_per_rank, run.derived.max_trainable_tokens, run.info.device)
+        run.probes.begin_step(G, advantages, [rollouts.trainable(i) for i in range(len(rollouts))], step)
         hparams = run.hparams.for_step(step)
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hparams, norm, run.probes)
     with timer("sync"):
@@ -279,6 +281,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
+    metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device))
     run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
     return {
         **metrics,

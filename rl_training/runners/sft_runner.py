@@ -40,24 +40,27 @@ from rl_training.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.step_metrics import MetricsLogger, peak_memory
 
 
-def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], int]]:
-    """(prompt + answer + EOS token ids, prompt length) per example."""
+def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt + answer + EOS token ids, loss mask: 1 on the answer and EOS) per example."""
     prompts = encode_prompts(examples, data_cfg, tokenizer)
-    return [
-        (p + tokenizer(ex.solution, add_special_tokens=False).input_ids + [tokenizer.eos_token_id], len(p))
-        for p, ex in zip(prompts, examples, strict=True)
-    ]
+    out = []
+    for p, ex in zip(prompts, examples, strict=True):
+        answer = [*tokenizer(ex.solution, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        out.append((p + answer, [0] * len(p) + [1] * len(answer)))
+    return out
 
 
 def collate(pairs, pad_id: int, device):
+    """`pairs`: (token ids, loss mask) per sequence; labels are -100 wherever the mask is 0."""
     width = max(len(s) for s, _ in pairs)
     ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (seq, plen) in enumerate(pairs):
+    for i, (seq, mask) in enumerate(pairs):
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        labels[i, plen : len(seq)] = ids[i, plen : len(seq)]
+        m = torch.tensor(mask, dtype=torch.bool)
+        labels[i, : len(seq)] = torch.where(m, ids[i, : len(seq)], -100)
     return ids.to(device), attn.to(device), labels.to(device)
 
 
@@ -109,6 +112,10 @@ def sft(cfg, info) -> None:
         cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=s.max_examples
     )
     pairs = encode_pairs(examples, cfg.data, tokenizer)
+    if s.gold_episodes:  # multi-turn: the gold episodes replace the prompt/answer pairs
+        from rl_training.search.gold import encode_gold_episodes
+
+        pairs = encode_gold_episodes(s.gold_episodes, cfg.data, tokenizer, limit=s.max_examples)
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))

@@ -81,7 +81,12 @@ def gold_episode(q: str, answer: str, queries: list[str], retriever, topk: int, 
         res = retriever.retrieve([query], topk)
         segments.append({"text": information_block(res.passages[0], res.errors[0]), "trainable": False})
     segments.append({"text": f"<answer>{answer}</answer>", "trainable": True})
-    return {"prompt": template.replace("{question}", q), "segments": segments, "golden_answers": [answer]}
+    return {
+        "question": q,
+        "prompt": template.replace("{question}", q),
+        "segments": segments,
+        "golden_answers": [answer],
+    }
 
 
 def write_search_data(
