@@ -27,15 +27,15 @@ from demo import sh, torchrun  # noqa: E402  (the single-turn demo's launch help
 
 
 def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> dict:
-    """Greedy held-out episodes with the training's episode engine and grader (rl_training/evaluation/evaluate.py) on HF."""
+    """Greedy held-out episodes with the training episode engine and grader (rl_training/evaluation) on HF."""
     import dataclasses
 
     import torch
-    from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
-    from rl_training.evaluation.pass_at_k import summarize
 
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
+    from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
+    from rl_training.evaluation.pass_at_k import summarize
     from rl_training.models import load_base_model, load_tokenizer
     from rl_training.rewards import TASKS
     from rl_training.rollout.episodes import with_episodes
