@@ -13,7 +13,7 @@ from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
 from rl_training.evaluation.pass_at_k import summarize
 from rl_training.models import load_tokenizer
 from rl_training.rewards import TASKS
-from tests.test_evals import CannedBackend
+from tests.test_eval_grading import CannedBackend
 
 PROBLEMS = [
     {"task_id": "t/0", "prompt": "def inc(x):\n    '''x + 1'''\n", "entry_point": "inc",
