@@ -14,8 +14,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from rl_training.config_resolve import absolute_path
-
 # Plots: (file stem, title, metric keys drawn in it). `{k}` expands to one line per k.
 PLOTS = [
     ("accuracy", "greedy accuracy", ["accuracy"]),
@@ -34,17 +32,11 @@ def load_results(out_dir: Path, settings: dict | None = None) -> tuple[list[dict
     results, other = [], []
     for path in sorted(Path(out_dir).glob("step_*.json")):
         r = json.loads(path.read_text())
-        if settings is not None and _with_absolute_paths(r["settings"]) != settings:
+        if settings is not None and r["settings"] != settings:
             other.append(r["step"])
         else:
             results.append(r)
     return sorted(results, key=lambda r: r["step"]), other
-
-
-def _with_absolute_paths(settings: dict) -> dict:
-    """Results saved before configs held absolute paths name the model and dataset relative to the directory
-    the eval ran in; resolved from here (as they were then) they compare equal to today's absolute ones."""
-    return {**settings, **{k: absolute_path(settings[k]) for k in ("dataset", "base_model") if k in settings}}
 
 
 def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Path) -> None:
@@ -136,12 +128,6 @@ def write_tensorboard(results: Sequence[dict], tb_dir: Path, name: str) -> None:
     tb_dir.mkdir(parents=True, exist_ok=True)
     final = tb_dir / f"events.out.tfevents.0000000000.eval_{name}"
     final.unlink(missing_ok=True)
-    legacy = tb_dir / f"eval_{name}"  # where earlier versions wrote a separate run: it would show twice
-    if legacy.is_dir():
-        for old in legacy.glob("events.out.tfevents.*"):
-            old.unlink()
-        if not any(legacy.iterdir()):
-            legacy.rmdir()
     with tempfile.TemporaryDirectory(dir=tb_dir.parent, prefix=".eval_tb_") as tmp:  # outside tb/: not a run
         writer = SummaryWriter(tmp)
         try:

@@ -251,15 +251,13 @@ def evaluate_run(a: argparse.Namespace) -> int:
             f"{out_dir} has results made with other settings (steps {other[:5]}); pass --redo to re-evaluate "
             "the selected steps with these settings, or --name to write elsewhere"
         )
-    done_weights = {r["step"]: r.get("weights_fingerprint") for r in done}
+    done_weights = {r["step"]: r["weights_fingerprint"] for r in done}
     todo = []
     for t in usable:
         t.fingerprint = weights_fingerprint(t, cfg)
         saved = out_dir / f"{step_name(t.step)}.json"
         if a.redo or t.step not in done_weights:
             todo.append(t)
-        elif done_weights[t.step] is None:  # saved before fingerprints were recorded: not evidence of a change
-            print(f"{step_name(t.step)}: already evaluated ({saved}, no weights fingerprint recorded); --redo to redo")
         elif done_weights[t.step] != t.fingerprint:
             print(f"{step_name(t.step)}: the weights differ from those of {saved} (rewritten since?); evaluating again")
             todo.append(t)

@@ -59,11 +59,6 @@ def set_rng_state(state: dict) -> None:
     cuda = state.get("cuda")
     if cuda is None or not torch.cuda.is_available():  # saved or loaded without a GPU: the CPU streams suffice
         return
-    if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state, the rank's own at its index
-        device = torch.cuda.current_device()
-        if device >= len(cuda):
-            return
-        cuda = cuda[device]
     torch.cuda.set_rng_state(cuda)
 
 

@@ -56,24 +56,19 @@ def test_rng_state_with_more_gpus_than_the_loader_has_restores_the_cpu_streams()
     state = ck.rng_state()
     assert "cuda" not in state  # this CPU machine
     expected = (random.random(), np.random.rand(), torch.rand(2).tolist())
-    for cuda in ([torch.zeros(16, dtype=torch.uint8)] * 4, torch.zeros(16, dtype=torch.uint8)):  # old, new format
-        ck.set_rng_state({**state, "cuda": cuda})  # 4 GPUs' states, loaded with 0: no IndexError
-        assert (random.random(), np.random.rand(), torch.rand(2).tolist()) == expected
+    ck.set_rng_state({**state, "cuda": torch.zeros(16, dtype=torch.uint8)})  # saved on a GPU, loaded without one
+    assert (random.random(), np.random.rand(), torch.rand(2).tolist()) == expected
 
 
 def test_rank_restores_its_own_device_state(monkeypatch):
-    """On a GPU the rank's current device gets its own state: index = current device for the old per-GPU
-    list, and a list shorter than that index (saved with fewer GPUs visible) is skipped, not an IndexError."""
+    """On a GPU the rank's current device gets the state the rank saved (its own device's only)."""
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: restored.append(int(s[0])))
     base = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    per_gpu = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
-    ck.set_rng_state({**base, "cuda": per_gpu})
-    ck.set_rng_state({**base, "cuda": per_gpu[:2]})
-    ck.set_rng_state({**base, "cuda": per_gpu[3]})  # the new format: the saving rank's own device only
-    assert restored == [2, 3]
+    ck.set_rng_state({**base, "cuda": torch.full((16,), 3, dtype=torch.uint8)})
+    assert restored == [3]
 
 
 @no_cuda
@@ -88,7 +83,7 @@ def test_checkpoint_written_on_gpu_node_resumes_on_cpu(tiny_model, tmp_path, mon
     sched.step()
     monkeypatch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
     path = ck.save_checkpoint(tmp_path, 1, model, opt, sched, to_yaml(cfg), {}, keep_last=2)
-    rng = {**ck.rng_state(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8}  # a node with 8 GPUs visible
+    rng = {**ck.rng_state(), "cuda": torch.zeros(16, dtype=torch.uint8)}  # saved by a rank on a GPU node
     save_as_cuda(monkeypatch, rng, path / "rng_rank0.pt")
     marker = json.loads((path / ck.COMPLETE).read_text())  # the marker records the GPU node's file as saved there
     marker["files"]["rng_rank0.pt"] = file_records(path)["rng_rank0.pt"]

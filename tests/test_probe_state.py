@@ -116,19 +116,6 @@ def test_changed_beta_keeps_the_configured_beta_and_restarts_the_ema(capsys):
     assert capsys.readouterr().out == "" and same_beta.tracker.levels["micro"].t == 5
 
 
-def test_old_gns_only_state_restores_the_emas():
-    # Checkpoints written before the probe state held more than the GNS EMAs have {"gns": ...} only: those
-    # EMAs are restored (the same level state as the full load), the rest starts fresh.
-    probes, p = make_probes()
-    for s in range(5):
-        synthetic_step(probes, p, s)
-    saved = json.loads(json.dumps(probes.state_dict()))
-    old, _ = make_probes()
-    old.load_state_dict({"gns": saved["gns"]})
-    assert vars(old.tracker.levels["micro"]) == vars(probes.tracker.levels["micro"])
-    assert list(old.ess_history) == [] and old.invalid_streak == 0
-
-
 # ------------------------------------------------------------------------------ corrupted log-probs
 @pytest.mark.parametrize("spike", [400.0, 800.0, 1000.0, -1000.0, math.inf, -math.inf, math.nan])
 def test_a_corrupted_log_ratio_gives_a_defined_reading_and_never_an_exception(spike, capsys):

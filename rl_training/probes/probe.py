@@ -480,16 +480,13 @@ class StepProbes:
 
     def load_state_dict(self, d: dict) -> None:
         """Continue from `state_dict()`. A checkpoint saved with another gns_ema_beta: the configured beta wins
-        and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning.
-        Checkpoints from before the probe state held more than the GNS EMAs ({"gns": ...} only) restore those."""
+        and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning."""
         saved_beta = d["gns"]["beta"]
         if not self.tracker.load_state_dict(d["gns"]):
             dist.print0(
                 f"probe: checkpoint has probe.gns_ema_beta={saved_beta}, config has {self.tracker.beta}; "
                 "keeping the configured beta and restarting the GNS EMAs (B_simple warms up again)"
             )
-        if "rec_simple" not in d:
-            return
         for name in ("rec_simple", "rec_star"):
             h = getattr(self, name)
             h.value, h.since = d[name]["value"], d[name]["since"]
