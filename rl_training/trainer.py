@@ -354,7 +354,7 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
     ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.needs_reference)
-    s = DeviceStats(params[0].device, hp.inner_epochs, hp.needs_reference)
+    acc = DeviceStats(params[0].device, hp.inner_epochs, hp.needs_reference)
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
@@ -363,9 +363,9 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
                 logp = mb.unpack(token_logprobs(logits, mb.row_targets, hp.temperature))
                 if epoch == 0:
                     old_logps.append(logp.detach())
-                    is_weights.append(_rollout_canary(s, logp.detach(), mb, hp.tis_cap))
+                    is_weights.append(_rollout_canary(acc, logp.detach(), mb, hp.tis_cap))
                     entropy = mb.unpack(token_entropy(logits.detach(), hp.temperature))
-                    s.add("entropy_sum", (entropy * mb.mask).sum())
+                    acc.add("entropy_sum", (entropy * mb.mask).sum())
                 del logits  # else they would outlive backward, into the next micro-batch's forward
                 out = policy_loss(
                     LossInput(
@@ -388,12 +388,12 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
                 probes.observe_rollout(mb, old_logps[i], is_weights[i])
             if epoch == hp.inner_epochs - 1 and epoch > 0:
                 probes.observe_ppo(mb, logp, old_logps[i])
-            s.add("loss", out.loss)
-            s.add("pg_loss", out.pg_loss)
-            s.add("clipped_tokens", out.clipped_tokens)
+            acc.add("loss", out.loss)
+            acc.add("pg_loss", out.pg_loss)
+            acc.add("clipped_tokens", out.clipped_tokens)
             if epoch == 0:
-                s.add("kl_sum", out.kl_sum)
-                s.add("tokens", out.tokens)
+                acc.add("kl_sum", out.kl_sum)
+                acc.add("tokens", out.tokens)
         for p in params:  # a rank whose groups were all dropped still joins the all-reduce
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -403,10 +403,10 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
         if epoch == 0:
             probes.after_allreduce()  # collective; Q is read before clipping rescales .grad
         grad_norm = torch.nn.utils.clip_grad_norm_(params, hp.max_grad_norm if hp.max_grad_norm > 0 else float("inf"))
-        s.add("grad_norm", grad_norm / hp.inner_epochs)
-        s.skipped = s.nonfinite(grad_norm)
-        if s.skipped:  # no optimizer or scheduler step: adapter, AdamW moments and LR stay as they were
+        acc.add("grad_norm", grad_norm / hp.inner_epochs)
+        acc.skipped = acc.nonfinite(grad_norm)
+        if acc.skipped:  # no optimizer or scheduler step: adapter, AdamW moments and LR stay as they were
             break
         optimizer.step()
         scheduler.step()
-    return s.to_stats()
+    return acc.to_stats()

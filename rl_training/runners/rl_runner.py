@@ -108,24 +108,26 @@ def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: 
     return levels
 
 
-def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, resumed: dict) -> StepProbes | NullProbes:
+def build_probes(
+    cfg: Config, derived: Derived, model, params, info: dist.DistInfo, resumed: dict
+) -> StepProbes | NullProbes:
     """GNS/ESS probes with the levels this layout can identify; GNS state continues across a resume."""
     if not cfg.probe.enabled:
         return NullProbes()
-    levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, d.accum_steps, d.world_size)
+    levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, derived.accum_steps, derived.world_size)
     probes = StepProbes(
         model,
         params,
         levels=levels,
         ema_beta=cfg.probe.gns_ema_beta,
         units_per_step=cfg.rollout.prompts_per_step,
-        world_size=d.world_size,
+        world_size=derived.world_size,
         micro_batch_groups=cfg.train.micro_batch_groups,
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
         unit_every=cfg.probe.unit_every,
     )
-    state = resumed.get("probes") or ({"gns": resumed["gns"]} if resumed.get("gns") else None)  # older: gns only
+    state = resumed.get("probes")
     if state:
         probes.load_state_dict(state)
     return probes
@@ -133,9 +135,9 @@ def build_probes(cfg: Config, d: Derived, model, params, info: dist.DistInfo, re
 
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
     resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
-    cfg, d = resolved.cfg, resolved.derived
+    cfg, derived = resolved.cfg, resolved.derived
     set_cpu_threads()
-    resume_from = resolve_resume(cfg.ckpt.resume, d.run_dir, to_yaml(cfg))
+    resume_from = resolve_resume(cfg.ckpt.resume, derived.run_dir, to_yaml(cfg))
     seed_all(cfg.train.seed)  # the same LoRA init on every rank
     tokenizer, model = build_policy(cfg, info.device)
     params = trainable_parameters(model)
@@ -145,7 +147,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     if dupes:
         dist.print0(f"data: dropped {dupes} repeated questions from {cfg.data.train} (one prompt per step, P7)")
     prompts = encode_prompts(examples, cfg.data, tokenizer)
-    evaluator = InLoopEval(cfg, tokenizer, info, d.run_dir) if cfg.eval.every else None
+    evaluator = InLoopEval(cfg, tokenizer, info, derived.run_dir) if cfg.eval.every else None
     sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
     seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
     start_step, resumed_state = 0, {}
@@ -160,14 +162,15 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
         backend.republish(v, past_version_dir(resume_from, v))
     if info.is_main:
-        d.run_dir.mkdir(parents=True, exist_ok=True)
-        (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        derived.run_dir.mkdir(parents=True, exist_ok=True)
+        (derived.run_dir / "config.yaml").write_text(to_yaml(cfg))
         print(
-            f"# resolved config (world size {info.world_size}, {d.accum_steps} micro-batches/step)\n{to_yaml(cfg)}",
+            f"# resolved config (world size {info.world_size}, {derived.accum_steps} micro-batches/step)\n"
+            + to_yaml(cfg),
             flush=True,
         )
-    wandb = make_wandb(cfg.run.wandb, d.run_dir, cfg.run.name, to_dict(cfg), info.is_main)
-    logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
+    wandb = make_wandb(cfg.run.wandb, derived.run_dir, cfg.run.name, to_dict(cfg), info.is_main)
+    logger = MetricsLogger(derived.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
     task = TASKS[cfg.data.format]
@@ -175,7 +178,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     run = Run(
         cfg=cfg,
-        derived=d,
+        derived=derived,
         info=info,
         model=model,
         tokenizer=tokenizer,
@@ -189,13 +192,13 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         sampler=sampler,
         logger=logger,
         hparams=UpdateHParams.from_config(cfg),
-        probes=build_probes(cfg, d, model, params, info, resumed_state),
+        probes=build_probes(cfg, derived, model, params, info, resumed_state),
         start_step=start_step,
         evaluator=evaluator,
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
         samples=StepSamples(
-            cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, d.run_dir, info.is_main, start_step
+            cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, derived.run_dir, info.is_main, start_step
         ),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
