@@ -127,11 +127,12 @@ class VLLMBackend:
         self.lora_mode = v.weight_sync == "lora"
         if self.lora_mode:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, cfg.lora.r), max_loras=1)
-        if response_budget(cfg):
-            # Multi-turn contexts are long prefills of seeded requests. With chunked prefill, a request whose
-            # prefill is split gets its sample discarded, and 0.32 then rewinds its seeded generator with
-            # `set_offset`, which a CPU torch.Generator refuses ("CPU Generator does not use offset",
-            # gpu_model_runner._bookkeeping_sync): without chunking every scheduled prefill completes.
+        if not self.on_cuda:
+            # With chunked prefill, a seeded request whose prefill is split (a step's prompts beyond
+            # max_num_batched_tokens: long multi-turn contexts, or a large single-turn batch) gets its sample
+            # discarded, and 0.32 then rewinds its generator with `set_offset`, which a CPU torch.Generator
+            # refuses ("CPU Generator does not use offset", gpu_model_runner._bookkeeping_sync). Without
+            # chunking every scheduled prefill completes. CUDA generators take offsets: GPUs keep chunking.
             kwargs["enable_chunked_prefill"] = False
         t0 = time.perf_counter()
         with llvmlite_hidden():
