@@ -485,8 +485,11 @@ def derive(cfg: Config, world_size: int) -> Derived:
     )
 
 
+SEARCH_FORMATS = ("search", "search_subem")  # the multi-turn (episode) task formats
+
+
 def max_trainable_tokens(cfg: Config) -> int:
-    if cfg.data.format not in ("search", "search_subem"):
+    if cfg.data.format not in SEARCH_FORMATS:
         return cfg.rollout.max_new_tokens
     m = cfg.multiturn
     return min(m.max_turns * m.max_tokens_per_turn, m.max_response_tokens)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_training.code import CODE_FORMATS
+from rl_training.config import SEARCH_FORMATS
 from rl_training.errors import UserError
 
 
@@ -74,9 +75,6 @@ def reference_of(fmt: str, answer: str, where: str) -> str:
         boxed = last_boxed(answer)
         return boxed if boxed is not None else answer.strip()
     return answer
-
-
-SEARCH_FORMATS = ("search", "search_subem")
 
 
 def _golden_answers(rec: dict, where: str, answer_key: str) -> list[str]:

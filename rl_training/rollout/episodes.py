@@ -35,10 +35,10 @@ from typing import Protocol
 
 import numpy as np
 
+from rl_training.config import SEARCH_FORMATS
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds
 from rl_training.search.retriever import RetrievalStats, Retriever, information_block
 
-SEARCH_FORMATS = ("search", "search_subem")
 # Search-R1's text after a turn that neither searched nor answered (generation.py, execute_predictions).
 INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
