@@ -5,6 +5,7 @@ runner returns 75 when a stop signal ended it early)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 from collections.abc import Callable
 
@@ -20,6 +21,8 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
     ap.add_argument("--cfg", required=True, help="YAML config (see cfg/)")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.total_steps=10")
     args = ap.parse_args(argv)
+    if not faulthandler.is_enabled():  # a native crash (SIGSEGV, SIGABRT) in a rank prints every thread's stack
+        faulthandler.enable(all_threads=True)
 
     def run() -> int | None:
         cfg = load_config(args.cfg, args.overrides)

@@ -13,6 +13,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 
+# What an in-process vLLM engine writes into os.environ for its own workers (vllm/platforms/cpu.py: LD_PRELOAD of
+# torch's libgomp, LOCAL_WORLD_SIZE=tp size, VLLM_* and TORCHINDUCTOR_* settings). Left there, every later
+# subprocess of the session (torchrun and its ranks) would inherit it, so a test's children would depend on
+# which tests ran before it. Restored after each test: the engine that set them has already spawned its workers.
+_LEAKED_PREFIXES = ("VLLM_", "TORCHINDUCTOR_")
+_LEAKED_KEYS = ("LD_PRELOAD", "LOCAL_WORLD_SIZE", "NUMEXPR_MAX_THREADS")
+_ENV_AT_START = {k: v for k, v in os.environ.items() if k in _LEAKED_KEYS or k.startswith(_LEAKED_PREFIXES)}
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_env_leaks():
+    yield
+    for k in [k for k in os.environ if k in _LEAKED_KEYS or k.startswith(_LEAKED_PREFIXES)]:
+        if k not in _ENV_AT_START:
+            del os.environ[k]
+    os.environ.update(_ENV_AT_START)
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:

@@ -259,3 +259,20 @@ def test_sft_skips_a_non_finite_step(tiny_model, reverse_data, tmp_path, monkeyp
     assert [x["train/skipped_steps"] for x in m] == [0, 1, 1]
     assert [x["train/nonfinite_grad_norm"] for x in m] == [0, 1, 0]
     assert "warning: step 2: non-finite grad_norm" in capsys.readouterr().out
+
+
+def test_a_native_crash_in_a_runner_prints_every_threads_python_stack():
+    """A rank that dies in native code (SIGSEGV, SIGABRT: "terminate called ...") leaves only the signal in the
+    launcher's log unless the runner enabled faulthandler (rl_training/cli.py): then its stderr holds the
+    Python stack of every thread at the crash, here the body that called abort()."""
+    code = (
+        "import os, sys\nfrom rl_training.cli import run_cli\n"
+        "def body_that_aborts(cfg, info):\n    os.abort()\n"
+        "sys.exit(run_cli('doc', body_that_aborts, ['--cfg', 'cfg/testconfig.yaml']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PYTHONFAULTHANDLER", None)  # the runner's own doing, not the environment's
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -6, r.stderr[-2000:]  # SIGABRT
+    assert "Fatal Python error: Aborted" in r.stderr
+    assert "in body_that_aborts" in r.stderr, r.stderr[-2000:]
