@@ -147,7 +147,8 @@ def crossover(hf: dict, vllm: dict) -> float:
 # ------------------------------------------------------------------------------------------ measuring
 def summarize(label_: str, backend: str, point: Point, steps: list[dict], prompt_tokens: float, sweep: str) -> dict:
     """One table row: medians over the measured steps of one run."""
-    med = {k: statistics.median(s[k] for s in steps) for k in steps[0] if isinstance(steps[0][k], int | float)}
+    every = set.intersection(*(set(s) for s in steps))  # metrics.jsonl: train/kl etc. only on some steps
+    med = {k: statistics.median(s[k] for s in steps) for k in every if isinstance(steps[0][k], int | float)}
     n_seq = point.prompts * point.groups
     gen_len = med["rollout/response_len_mean"]
     return {

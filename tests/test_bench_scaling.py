@@ -129,6 +129,9 @@ def test_summarize_medians_and_token_counts(tmp_path):
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(json.dumps({"step": i, **steps[0]}) + "\n" for i in (1, 2, 3)))
     assert [x["step"] for x in bs.read_metrics(p, warmup=1)] == [2, 3]
+    # a metric logged on some steps only (train/kl every loss.kl_log_every) does not break the medians
+    r = bs.summarize("x", "hf", bs.Point(4, 2, 6), [{**steps[0], "train/kl": 0.1}, steps[1]], 7.5, "ranks")
+    assert r["step_s"] == pytest.approx(0.45)  # median of 0.5 and 0.4
 
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])
@@ -169,3 +172,21 @@ def test_two_point_hf_grid_end_to_end(run_overrides, tmp_path):
         assert g["fixed"] + g["per"] * r["gen_tokens"] == pytest.approx(r["generate_s"])
     assert g["r2"] == pytest.approx(1.0)
     assert "hf: generate_s = " in res.stdout and "hf P4 G2 T4" in res.stdout
+
+
+@pytest.mark.slow  # two torchrun launches (1 and 2 ranks)
+def test_rank_layouts_read_back_from_torchrun_runs(run_overrides, tmp_path):
+    out = tmp_path / "scaling.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_scaling.py"), "--cfg", TESTCFG, "--backends", "hf"]
+    cmd += ["--base", "2,2,4", "--prompts", "", "--groups", "", "--tokens", "", "--ranks", "1,2"]
+    cmd += ["--steps", "2", "--warmup", "1", "--out", str(out), *run_overrides]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [(r["label"], r["sweep"], r["steps_measured"]) for r in rows] == [
+        ("hf P2 G2 T4", "ranks", 2),  # metrics.jsonl steps 2 and 3 (step 1 is the warm-up)
+        ("hf P2 G2 T4 x2r", "ranks", 2),
+    ]
+    assert [r["gen_tokens"] for r in rows] == [16.0, 16.0]  # 2 x 2 x 4 in both layouts (global sums)
+    assert data["fits"] == {}  # rank rows are never fitted
