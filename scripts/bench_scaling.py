@@ -250,7 +250,8 @@ def fits_text(fits: dict[str, dict], base: Point) -> str:
         )
     if "crossover_tokens" in fits.get("vllm", {}):
         n = fits["vllm"]["crossover_tokens"]
-        lines.append(f"vllm's step is shorter than hf's above {n:.4g} generated tokens per step (N*)")
+        where = f"above {n:.4g} generated tokens per step (N*)" if math.isfinite(n) else "nowhere on these fits"
+        lines.append(f"vllm's step is shorter than hf's {where}")
     return "\n".join(lines)
 
 

@@ -154,14 +154,19 @@ def test_min_new_tokens_makes_every_completion_reach_the_cap(backend, run_overri
 
 
 # 25 s on one shared core at load average ~7 (51 s at 14): under the ~30 s bar on an idle machine
-def test_two_point_hf_grid_end_to_end(run_overrides, tmp_path):
+def run_grid(tmp_path, run_overrides, prompts: str, ranks: str) -> tuple[dict, str]:
+    """bench_scaling.py with hf only at base 2 x 2 x 4, 2 steps after 1 warm-up: (its JSON, its stdout)."""
     out = tmp_path / "scaling.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_scaling.py"), "--cfg", TESTCFG, "--backends", "hf"]
-    cmd += ["--base", "2,2,4", "--prompts", "4", "--groups", "", "--tokens", "", "--ranks", ""]
+    cmd += ["--base", "2,2,4", "--prompts", prompts, "--groups", "", "--tokens", "", "--ranks", ranks]
     cmd += ["--steps", "2", "--warmup", "1", "--out", str(out), *run_overrides]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text()), res.stdout
+
+
+def test_two_point_hf_grid_end_to_end(run_overrides, tmp_path):
+    data, stdout = run_grid(tmp_path, run_overrides, prompts="4", ranks="")
     rows = data["rows"]
     assert [(r["label"], r["steps_measured"]) for r in rows] == [("hf P2 G2 T4", 2), ("hf P4 G2 T4", 2)]
     # every completion reaches the cap: 2 x 2 x 4 and 4 x 2 x 4 generated tokens
@@ -171,18 +176,12 @@ def test_two_point_hf_grid_end_to_end(run_overrides, tmp_path):
     for r in rows:
         assert g["fixed"] + g["per"] * r["gen_tokens"] == pytest.approx(r["generate_s"])
     assert g["r2"] == pytest.approx(1.0)
-    assert "hf: generate_s = " in res.stdout and "hf P4 G2 T4" in res.stdout
+    assert "hf: generate_s = " in stdout and "hf P4 G2 T4" in stdout
 
 
 @pytest.mark.slow  # two torchrun launches (1 and 2 ranks)
 def test_rank_layouts_read_back_from_torchrun_runs(run_overrides, tmp_path):
-    out = tmp_path / "scaling.json"
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_scaling.py"), "--cfg", TESTCFG, "--backends", "hf"]
-    cmd += ["--base", "2,2,4", "--prompts", "", "--groups", "", "--tokens", "", "--ranks", "1,2"]
-    cmd += ["--steps", "2", "--warmup", "1", "--out", str(out), *run_overrides]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data, _ = run_grid(tmp_path, run_overrides, prompts="", ranks="1,2")
     rows = data["rows"]
     assert [(r["label"], r["sweep"], r["steps_measured"]) for r in rows] == [
         ("hf P2 G2 T4", "ranks", 2),  # metrics.jsonl steps 2 and 3 (step 1 is the warm-up)
