@@ -248,6 +248,11 @@ def fits_text(fits: dict[str, dict], base: Point) -> str:
             f"tokens; fixed share <= 10% from {m['tokens_for_10pct_fixed']:.4g} generated tokens per step "
             f"(base point: {base.prompts * base.groups * base.tokens})"
         )
+        if min(g["fixed"], g["per"], t["fixed"], t["per"]) < 0:
+            lines.append(
+                f"  warning: {b} has a negative fitted cost: the timing is noise-dominated (a busy machine); "
+                "rerun with more --steps on a quiet one"
+            )
     if "crossover_tokens" in fits.get("vllm", {}):
         n = fits["vllm"]["crossover_tokens"]
         where = f"above {n:.4g} generated tokens per step (N*)" if math.isfinite(n) else "nowhere on these fits"
