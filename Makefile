@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster quality format tiny train sft bench bench-probes bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -64,6 +64,11 @@ bench: sft
 # Probe overhead: probes on and off on alternate steps of one run.
 bench-probes: sft
 	$(PY) scripts/bench_probes.py --cfg $(CFG) --steps 80
+
+# Step time against prompts per step, group size and max new tokens (one at a time around 8 x 8 x 16) and ranks
+# (1, 2), hf and vllm, with the fitted fixed and per-token costs of each phase. Table + bench_results/scaling.json.
+bench-scaling: sft
+	$(PY) scripts/bench_scaling.py --cfg $(CFG)
 
 # Side by side with TRL's GRPOTrainer and the floor (plain transformers + peft); TRL goes into the optional
 # .venv-trl only (scripts/setup_trl.sh), never into .venv. Table + bench_results/bench_trl.json.

@@ -157,6 +157,12 @@ class RolloutCfg:
     prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
+    min_new_tokens: int = _f(
+        0,
+        "Stop tokens masked until this many (<= max_new_tokens); 0 = off. For fixed-length benchmarks "
+        "(scripts/bench_scaling.py): the sampler then differs from the policy the trainer scores.",
+        ge=0,
+    )
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
     top_p: float = _f(
         1.0,

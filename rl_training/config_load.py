@@ -270,6 +270,11 @@ def load_config(
             "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
         )
     check_async(cfg, where, training)
+    if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"{where}rollout.min_new_tokens={cfg.rollout.min_new_tokens} > rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens}: no completion could end"
+        )
     if cfg.rollout.backend == "server" and not cfg.server.urls:
         raise ConfigError(f"{where}rollout.backend=server needs server.urls (e.g. ['http://127.0.0.1:8000'])")
     bad_url = [u for u in cfg.server.urls if not re.fullmatch(r"https?://[^/\s]+/?", u)]

@@ -87,11 +87,19 @@ def serve(a: argparse.Namespace) -> int:
     """Worker: build one run, then answer each step number read from stdin with that step's perf/mem metrics."""
     run = build_run(a.cfg, a.backend, a.overrides, a.out_dir, a.name)
     c = run.cfg
-    send({"n_seq": c.rollout.prompts_per_step * c.rollout.group_size, "header": describe(c), "pid": os.getpid()})
+    prompt_tokens = statistics.mean(len(p) for p in run.prompts)  # of the data set (bench_scaling's token counts)
+    send(
+        {
+            "n_seq": c.rollout.prompts_per_step * c.rollout.group_size,
+            "header": describe(c),
+            "pid": os.getpid(),
+            "prompt_tokens_mean": prompt_tokens,
+        }
+    )
     try:
         while line := sys.stdin.readline():  # a step number per line; EOF ends the worker
             m = run_step(run, int(line))
-            send({k: v for k, v in m.items() if k.startswith(("perf/", "mem/"))})
+            send({k: v for k, v in m.items() if k.startswith(("perf/", "mem/")) or k == "rollout/response_len_mean"})
     finally:
         run.backend.close()
     return 0
@@ -138,12 +146,17 @@ class Worker:
             self.proc.wait()
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The options bench.py shares with bench_scaling.py: config, measured and warm-up steps, backends."""
     ap.add_argument("--cfg", default=str(REPO / "cfg" / "tiny_cpu.yaml"))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backends", default="hf,vllm" if importlib.util.find_spec("vllm") else "hf")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(ap)
     ap.add_argument("--batches", default="", help="prompts per step to compare, e.g. 8,16 (fits t_f, t_u)")
     ap.add_argument("--out", default=str(REPO / "bench_results" / "bench.json"))
     # internal: what the main process passes to its workers

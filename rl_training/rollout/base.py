@@ -44,6 +44,7 @@ class SamplingSpec:
     top_p: float = 1.0
     greedy: bool = False
     seed: int | None = None  # per-call sampling seed: every completion of the call gets its own stream from it
+    min_new_tokens: int = 0  # stop tokens masked until this many (fixed-length benchmarks); 0 = off
 
 
 SEED_BITS = 63  # a torch.Generator (what vLLM seeds per request) takes any non-negative int64

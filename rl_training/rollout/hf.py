@@ -61,7 +61,7 @@ def neutral_generation_config(spec: SamplingSpec, stop_ids: set[int], pad_id: in
         encoder_no_repeat_ngram_size=0,
         length_penalty=1.0,
         guidance_scale=1.0,
-        min_new_tokens=0,  # overrides any min_length
+        min_new_tokens=spec.min_new_tokens,  # overrides any min_length
         num_beams=1,
         num_return_sequences=1,
         renormalize_logits=False,

@@ -186,6 +186,7 @@ class ServerBackend:
             "prompt": prompt,
             "n": spec.n,
             "max_tokens": spec.max_new_tokens,
+            "min_tokens": spec.min_new_tokens,
             "temperature": 0.0 if spec.greedy else spec.temperature,
             "top_p": 1.0 if spec.greedy else spec.top_p,
             "top_k": 0,

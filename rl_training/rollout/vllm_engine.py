@@ -167,6 +167,7 @@ class VLLMBackend:
             SamplingParams(
                 n=1,
                 max_tokens=spec.max_new_tokens,
+                min_tokens=spec.min_new_tokens,
                 temperature=0.0 if spec.greedy else spec.temperature,
                 top_p=1.0 if spec.greedy else spec.top_p,
                 logprobs=0,

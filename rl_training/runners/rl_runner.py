@@ -226,6 +226,7 @@ def generate_step(run: Run, step: int) -> tuple[list[int], Rollouts]:
     spec = SamplingSpec(
         n=cfg.rollout.group_size,
         max_new_tokens=cfg.rollout.max_new_tokens,
+        min_new_tokens=cfg.rollout.min_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         seed=sampling_seed(cfg.train.seed, run.info.rank, step),
