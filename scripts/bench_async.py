@@ -96,7 +96,7 @@ def run_once(model: Path, data: Path, out: Path, name: str, overrides: list[str]
 
 
 def _server_class():
-    from tests.vllm_server import VLLMServer  # the tests' server: the command line docs/server.md gives
+    from rl_training.rollout.local_server import VLLMServer  # the command line docs/server.md gives
 
     class Pinned(VLLMServer):
         core = ""

@@ -4,6 +4,7 @@
     make demo-code                 # the same for code rewards: scripts/demo.py --task code
     .venv/bin/python scripts/demo.py [--rl-cfg cfg/tiny_cpu.yaml] [--sft-cfg cfg/tiny_sft.yaml] [key=value ...]
     .venv/bin/python scripts/demo.py --output-dir /tmp/demo      # run directories there instead of runs/
+    .venv/bin/python scripts/demo.py --server [--async 1]        # generation on a local vLLM server (K=1: async)
 
 Everything is created locally (no downloads): the tiny Qwen2-architecture model (models/tiny-qwen2), the
 task's data (--task reverse: string reversal, data/reverse; --task code: the synthetic program-synthesis
@@ -11,7 +12,9 @@ task, data/code_synth, programs graded in the bubblewrap sandbox on hidden input
 runs/demo_<time>_sft and runs/demo_<time>_rl. Both stages are launched with torchrun exactly as a user
 would. Extra key=value arguments override the RL config. The held-out evaluation uses the eval pipeline's
 code with the training grader (for code: the same sandbox pool settings, cfg.sandbox). The before/after
-numbers and the times are written to runs/demo_<time>_rl/demo_summary.json.
+numbers and the times are written to runs/demo_<time>_rl/demo_summary.json. With --server the RL stage
+generates on a vLLM OpenAI server the demo starts on 127.0.0.1 (rollout.backend=server, docs/server.md), and
+--async K trains on batches sampled K policy versions back (rollout.max_async_level=K, truncated IS at 2).
 """
 
 from __future__ import annotations
@@ -98,8 +101,12 @@ def main() -> int:
     ap.add_argument("--sft-cfg", help="default: the task's (reverse: cfg/tiny_sft.yaml, code: cfg/code_sft.yaml)")
     ap.add_argument("--rl-cfg", help="default: the task's (reverse: cfg/tiny_cpu.yaml, code: cfg/code_cpu.yaml)")
     ap.add_argument("--output-dir", help="parent of both run directories (default: the configs' run.output_dir)")
+    ap.add_argument("--server", action="store_true", help="RL generates on a local vLLM server (docs/server.md)")
+    ap.add_argument("--async", dest="async_level", type=int, default=0, help="rollout.max_async_level (needs --server)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    if a.async_level and not a.server:
+        ap.error("--async needs --server: asynchronous rollouts run on the server backend")
     sft_default, rl_default, make_data, headline = DEMOS[a.task]
     a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -121,8 +128,22 @@ def main() -> int:
     t_sft = time.time()
     rl_over = [f"run.name=demo_{stamp}_rl", *out, f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
     rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
+    server = None
+    if a.server:
+        from rl_training.rollout.local_server import VLLMServer
+
+        log = REPO / rl_cfg.run.output_dir / f"demo_{stamp}_server.log"
+        server = VLLMServer(REPO / sft_dir / "final_model", log, max_lora_rank=rl_cfg.lora.r).start()
+        print(f"vLLM server on {server.url} (log: {log})", flush=True)
+        rl_over += ["rollout.backend=server", f"server.urls=[{server.url}]"]
+        rl_over += [f"rollout.max_async_level={a.async_level}", "loss.tis_cap=2.0"] if a.async_level else []
+        rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
     rl_cfg.rollout.backend = resolve_backend_name(rl_cfg.rollout.backend)  # what the runner will use
-    torchrun("rl_runner.py", a.rl_cfg, rl_over)
+    try:
+        torchrun("rl_runner.py", a.rl_cfg, rl_over)
+    finally:
+        if server is not None:
+            server.stop()
     t_rl = time.time()
 
     rl_dir = REPO / rl_cfg.run.output_dir / rl_cfg.run.name
@@ -146,7 +167,7 @@ def main() -> int:
         ]
     print(
         f"\n== Embedded demo: {rl_cfg.eval.num_prompts} held-out prompts never seen in training "
-        f"(rollout backend: {rl_cfg.rollout.backend}) =="
+        f"(rollout backend: {rl_cfg.rollout.backend}, max_async_level {rl_cfg.rollout.max_async_level}) =="
     )
     print(f"{'metric':<44}{'SFT start':>11}{'after RL':>11}{'change':>10}")
     for label, key in rows:
@@ -162,6 +183,7 @@ def main() -> int:
     print(f"curves: .venv/bin/tensorboard --logdir {shown}/tb")
     summary = {"task": a.task, "headline": headline, "before": before, "after": after, "times": times}
     summary["backend"] = rl_cfg.rollout.backend
+    summary["max_async_level"] = rl_cfg.rollout.max_async_level
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -1,7 +1,8 @@
 """rollout.max_async_level > 0 against a real vLLM OpenAI server (the CPU build): a run stopped by the stop
 signal with K=2 and resumed gives the metrics of the uninterrupted run (the checkpoint's past adapters are
-served again), and the tiny demo's settings learn with K=1. The K=0 parity with the colocated engine is
-tests/test_server_backend.py::test_server_matches_colocated_vllm."""
+served again). The K=0 parity with the colocated engine is
+tests/test_server_backend.py::test_server_matches_colocated_vllm; the demo learning with K=1 is
+tests/test_demo.py::test_demo_learns_asynchronously_on_a_vllm_server."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import signal
 import pytest
 
 from rl_training.exit_codes import STOPPED_EXIT_CODE
+from rl_training.rollout.local_server import VLLMServer
 from rl_training.runners import rl_runner
 from tests.test_server_backend import TESTCFG, server_overrides
-from tests.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.slow
 assert server_overrides  # a fixture used by name below (on this module's server)
@@ -65,24 +66,3 @@ def test_resume_with_k2_equals_the_uninterrupted_run(async_overrides, tmp_path, 
     print("K=2 logp_diff_mean per step:", gaps, "is/ratio_mean:", [m["is/ratio_mean"] for m in straight])
     assert gaps[0] < 1e-3 and abs(straight[0]["is/ratio_mean"] - 1) < 1e-3
     assert min(gaps[1:]) > 10 * gaps[0]
-
-
-@pytest.mark.skipif(
-    not os.environ.get("RL_OPEN_DEMOS"),
-    reason="issue 19 item 5 open: the K=1 learning run has not yet been completed; run with RL_OPEN_DEMOS=1",
-)
-def test_tiny_demo_learns_with_k1(async_overrides, tmp_path):
-    """cfg/tiny_cpu.yaml's rollout and optimiser settings on the warm model, K=1, 60 steps: the training reward
-    of the last 10 steps beats that of the first 10 (the demo's own criterion is on held-out greedy reward, at
-    200 steps from a longer SFT: tests/test_demo.py)."""
-    tiny = ["lora.r=16", "lora.alpha=32", "rollout.prompts_per_step=16", "rollout.group_size=8"]
-    tiny += ["rollout.max_new_tokens=12", "train.micro_batch_groups=8", "optim.warmup_steps=5"]
-    tiny += ["optim.max_grad_norm=1.0", "train.total_steps=60", "ckpt.every=0"]
-    args = ["--cfg", TESTCFG, *async_overrides, *tiny, "rollout.max_async_level=1", "run.name=demo_k1"]
-    assert rl_runner.main(args) == 0
-    m = read(tmp_path, "demo_k1")
-    first = sum(x["rollout/reward_mean"] for x in m[:10]) / 10
-    last = sum(x["rollout/reward_mean"] for x in m[-10:]) / 10
-    print(f"K=1 demo: training reward {first:.3f} -> {last:.3f}")
-    assert last - first >= 0.1, (first, last)
-    assert all(x["rollout/staleness_max"] == (1 if x["step"] > 1 else 0) for x in m)

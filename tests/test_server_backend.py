@@ -21,7 +21,7 @@ from rl_training.rollout.server import ServerError
 from rl_training.runners import rl_runner
 from tests.launch import RL_RUNNER, torchrun_cmd
 from tests.test_vllm_backend import perturb_adapter
-from tests.vllm_server import VLLMServer
+from rl_training.rollout.local_server import VLLMServer
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

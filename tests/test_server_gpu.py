@@ -14,7 +14,7 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner
 from tests.test_vllm_backend import perturb_adapter
-from tests.vllm_server import VLLMServer
+from rl_training.rollout.local_server import VLLMServer
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[1]

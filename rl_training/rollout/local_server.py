@@ -1,6 +1,7 @@
-"""A real vLLM OpenAI-compatible server for tests, on 127.0.0.1 with an ephemeral port (the CPU build's
-command line of docs/server.md). Started in its own process group, so stop() ends it and its engine-core
-child together."""
+"""A vLLM OpenAI-compatible server on this machine, on 127.0.0.1 with an ephemeral port: the CPU build's command
+line of docs/server.md, for the CPU demo (`scripts/demo.py --server`), the benchmarks and the tests (on GPU
+nodes the sbatch wrapper or `vllm serve` starts servers). Started in its own process group, so stop() ends it
+and its engine-core child together."""
 
 from __future__ import annotations
 
