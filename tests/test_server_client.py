@@ -13,8 +13,8 @@ import pytest
 
 from rl_training.config import ConfigError
 from rl_training.config_load import load_config
-from rl_training.rollout.server import ServerClient, ServerError, request_seeds
 from rl_training.rollout.local_server import free_port
+from rl_training.rollout.server import ServerClient, ServerError, request_seeds
 
 
 class Scripted(ThreadingHTTPServer):
