@@ -120,7 +120,9 @@ def main() -> int:
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not Path(REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
-    if not Path(REPO / sft_cfg.data.train).exists():
+    # The code task's data is always rewritten (deterministic, under a second): a copy left by an older
+    # generator (before the shown inputs' marker, rl_training/code/synthetic.py) would be a different task.
+    if a.task == "code" or not Path(REPO / sft_cfg.data.train).exists():
         sh([sys.executable, make_data, "--out", str(Path(sft_cfg.data.train).parent)])
 
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name

@@ -185,6 +185,23 @@ def test_a_test_that_swallows_exceptions_cannot_hide_a_timeout(pool):  # noqa: F
     assert [(x.passed, x.failure) for x in v] == [(False, "timeout"), (True, None)]  # a raise is caught, as in CPython
 
 
+def test_synthetic_task_shows_reversal_through_its_marker():
+    """The shown inputs start with MARK and hold it once (so the marker's place in an output shows reversal);
+    the hidden inputs are plain random strings: of 4000 x 4, about 1 - (15/16)^5 = 28% hold an 'a' anywhere
+    (lengths 4-6) and 1/16 = 6% start with it, so a program must really reverse."""
+    import re
+
+    from rl_training.code.synthetic import MARK, make_code_splits
+
+    train, _ = make_code_splits(4000, 0, seed=0)
+    shown = [w for p in train for w in re.findall(r"# f\('(\w+)'\)", p["prompt"])]
+    hidden = [w for p in train for w in re.findall(r"candidate\('(\w+)'\)", p["test"])]
+    assert len(shown) == 8000 and len(hidden) == 16000
+    assert all(w[0] == MARK and w.count(MARK) == 1 for w in shown)
+    assert 0.05 < sum(w[0] == MARK for w in hidden) / len(hidden) < 0.075
+    assert 0.22 < sum(MARK in w for w in hidden) / len(hidden) < 0.34
+
+
 def test_synthetic_task_is_graded_on_hidden_inputs(pool):  # noqa: F811
     """The demo's task (rl_training/code/synthetic.py) through the real scorer: each of the 12 programs'
     canonical expression passes its prompt's hidden tests; a completion that differs in one feature, or

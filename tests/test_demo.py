@@ -47,19 +47,18 @@ def test_demo_meets_its_acceptance_criteria(tmp_path):
     assert "Embedded demo" in r.stdout and "SFT start" in r.stdout  # the before/after table is printed
 
 
-@pytest.mark.skipif(
-    not os.environ.get("RL_OPEN_DEMOS"),
-    reason="issue 18 item 7 open: RL lifts pass rate +0.06, not 0.15 (docs/code.md); run with RL_OPEN_DEMOS=1",
-)
 def test_code_demo_meets_its_acceptance_criteria(tmp_path):
     """Issue 18, item 7: on the synthetic program-synthesis task, graded in the sandbox on hidden inputs,
-    RL raises the held-out greedy pass rate by at least 0.15 over the SFT start within 15 minutes."""
+    RL raises the held-out greedy pass rate by at least 0.15 over the SFT start within 15 minutes.
+    Measured on one busy core: 0.641 -> 0.914 (+0.273), 414 s (docs/code.md)."""
     from tests.system_packages import require_debian_packages
 
     require_debian_packages({"bwrap": "bubblewrap"})
     r, wall, summary = run_demo(tmp_path, "code")
     before, after = summary["before"]["greedy_accuracy"], summary["after"]["greedy_accuracy"]
-    print(f"code demo: pass rate {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s")
+    print(
+        f"code demo: pass rate {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s", summary["times"]
+    )
     assert summary["headline"] == "greedy_accuracy" and summary["task"] == "code"
     assert after - before >= 0.15, summary
     assert summary["times"]["total_s"] < wall < 900

@@ -1,6 +1,7 @@
 """A synthetic program-synthesis task the tiny model can learn on CPU, in the `humaneval` format.
 
-The prompt shows a function `f(x)` of a short lowercase string only through two input/output examples and
+The prompt shows a function `f(x)` of a short lowercase string only through two input/output examples (each
+shown input starts with the letter `MARK` and has it nowhere else, so where it lands shows reversal) and
 ends at `return `; the completion is an expression in `x`, one of 12: reversed or not, uppercased or not,
 with a 'z' added after, before or not at all, e.g. `'z' + x[::-1].upper()`. The tests call the function on
 four other strings, so a pass means the expression behaves right on inputs the prompt did not show (an
@@ -17,14 +18,20 @@ import random
 from pathlib import Path
 
 # The expression is one choice per feature: how visible a feature is in the examples sets how fast the model
-# learns it (uppercase and the 'z' affix at a glance; reversal only by comparing letters' positions).
+# learns it. Uppercase and the 'z' affix show at a glance; reversal with random shown inputs shows only by
+# comparing letters' positions, which the tiny model did not learn (200 SFT steps: every feature right but
+# reversal, at chance; 40 RL steps from there: no change), hence the marker below (100 SFT steps: all right).
 FEATURES = (("", "[::-1]"), ("", ".upper()"), ("{} + 'z'", "'z' + {}", "{}"))
 PROGRAMS = tuple(affix.format(f"x{rev}{case}") for rev in FEATURES[0] for case in FEATURES[1] for affix in FEATURES[2])
 INPUT_LETTERS = "abcdefghijklmnop"
+# A shown input starts with this letter and has it nowhere else, so reversal is visible at a glance: the
+# marker ends up first or last in the output (after or before a 'z', 'A' when uppercased). Hidden inputs
+# are drawn from all of INPUT_LETTERS, so a pass still needs a real reversal.
+MARK = "a"
 
 
-def _word(rng: random.Random) -> str:
-    return "".join(rng.choice(INPUT_LETTERS) for _ in range(rng.randint(4, 6)))
+def _word(rng: random.Random, first: str = "", letters: str = INPUT_LETTERS) -> str:
+    return first + "".join(rng.choice(letters) for _ in range(rng.randint(4, 6) - len(first)))
 
 
 def _apply(expr: str, x: str) -> str:
@@ -32,7 +39,7 @@ def _apply(expr: str, x: str) -> str:
 
 
 def make_problem(rng: random.Random, expr: str, index: int) -> dict:
-    shown = [_word(rng) for _ in range(2)]
+    shown = [_word(rng, MARK, INPUT_LETTERS.replace(MARK, "")) for _ in range(2)]
     hidden = [_word(rng) for _ in range(4)]
     lines = "".join(f"    # f({w!r}) == {_apply(expr, w)!r}\n" for w in shown)
     test = "def check(candidate):\n" + "".join(f"    assert candidate({w!r}) == {_apply(expr, w)!r}\n" for w in hidden)
