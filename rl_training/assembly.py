@@ -27,10 +27,11 @@ def seed_all(seed: int) -> None:
 
 
 def set_cpu_threads() -> None:
-    """Split the cores between the ranks of this node (torchrun sets LOCAL_WORLD_SIZE)."""
+    """Split the cores this process may run on (its affinity mask, e.g. under taskset) between the ranks of
+    this node (torchrun sets LOCAL_WORLD_SIZE)."""
     if not torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local))
 
 
 def build_optimizer(params: list[torch.nn.Parameter], optim_cfg, total_optimizer_steps: int):
