@@ -9,11 +9,13 @@ so a held-out question never touches a key (or a code) that a training question 
 come from the retriever. With 2 hops the key appears twice in its own passage and once in its friend's, so
 BM25 ranks a key's own passage first (tested for every key).
 
-Why the 1-hop passage is that short: the answer's digits are copied from the observation at a fixed offset,
-and the tiny model learns that copy far sooner the nearer the code sits to `<answer>` (measured in SFT,
-docs/search.md: with the code 41 characters back, held-out EM was still 0 after 400 SFT steps of 32 episodes;
-with it 27 back, 0.10 after 300 and 0.27 after 400). The code is the passage's last word, so it is followed
-only by `</information>\\n\\n<answer>`.
+Why the 1-hop passage is that short: the answer's digits must be copied out of the observation, and the
+tiny model learned that copy only with the short passage (SFT on gold episodes, batch 32, lr 3e-3, measured
+in docs/search.md): with 'bazo\\nbazo code 417; friend kelu.' (a 77-character observation) or the same with the
+code last ('... friend kelu; code 417.', about as near to `<answer>` as now), held-out EM was still 0 after 400
+steps, the digits' loss at chance (2.3 nats); with 'bazo\\ncode 417' (58 characters) it was 0.10 after 300
+steps and 0.27 after 400. One seed each, so a pointer rather than a law: the passage's length (the key and
+friend letters around the code) mattered, the code's distance to `<answer>` alone did not.
 
 Gold episodes are the exact text of a successful episode, in segments marked trainable (what the policy
 samples) or not (the observation the engine appends), the observations produced by the same BM25 retriever
