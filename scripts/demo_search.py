@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,6 +64,40 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
     }
 
 
+def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> None:
+    """One torchrun per retriever at once, each pinned to its own core (set_cpu_threads then gives it one
+    thread); their output is printed when both have ended (the tail of each; all of a failed one's)."""
+    procs = {}
+    for (retriever, over), core in zip(overs.items(), cores, strict=False):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"]
+        cmd += ["rl_training/runners/rl_runner.py", "--cfg", cfg, *over]
+        print(f"+ [core {core}]", " ".join(cmd), flush=True)
+        log = tempfile.TemporaryFile("w+")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs[retriever] = (
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=lambda c=core: os.sched_setaffinity(0, {c}),
+            ),
+            log,
+        )
+    failed = []
+    for retriever, (proc, log) in procs.items():
+        proc.wait()
+        log.seek(0)
+        text = log.read()
+        log.close()
+        print(f"--- RL with search.retriever={retriever} (last lines) ---\n" + "\n".join(text.splitlines()[-8:]))
+        if proc.returncode:
+            failed.append(f"{retriever}: exit {proc.returncode}\n{text[-3000:]}")
+    if failed:
+        raise SystemExit("RL failed: " + "\n".join(failed))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hops", type=int, choices=[1, 2], default=1)
@@ -92,14 +128,19 @@ def main() -> int:
     torchrun("sft_runner.py", a.sft_cfg, sft_over)
     t_sft = time.time()
     runs = {"bm25": f"search_{stamp}_rl"} | ({} if a.skip_ablation else {"none": f"search_{stamp}_none"})
-    times, results, cfgs = {"sft_s": t_sft - t0}, {}, {}
+    times, results, cfgs, overs = {"sft_s": t_sft - t0}, {}, {}, {}
     for retriever, name in runs.items():
         over = [f"run.name={name}", *out, *files, f"model.name_or_path={sft_dir / 'final_model'}"]
-        over += [f"search.retriever={retriever}", *a.overrides]
-        cfgs[retriever] = load_config(REPO / a.rl_cfg, over)
-        t = time.time()
-        torchrun("rl_runner.py", a.rl_cfg, over)
-        times[f"rl_{retriever}_s"] = time.time() - t
+        overs[retriever] = [*over, f"search.retriever={retriever}", *a.overrides]
+        cfgs[retriever] = load_config(REPO / a.rl_cfg, overs[retriever])
+    t = time.time()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(runs) > 1 and len(cores) >= len(runs):  # the two RL runs side by side, one core each
+        rl_in_parallel(a.rl_cfg, overs, cores)
+    else:
+        for over in overs.values():
+            torchrun("rl_runner.py", a.rl_cfg, over)
+    times["rl_s"] = time.time() - t
     t = time.time()
     for retriever, cfg in cfgs.items():
         run_dir = REPO / cfg.run.output_dir / cfg.run.name

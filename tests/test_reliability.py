@@ -276,25 +276,3 @@ def test_a_native_crash_in_a_runner_prints_every_threads_python_stack():
     assert r.returncode == -6, r.stderr[-2000:]  # SIGABRT
     assert "Fatal Python error: Aborted" in r.stderr
     assert "in body_that_aborts" in r.stderr, r.stderr[-2000:]
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity masks")
-def test_cpu_threads_split_the_cores_the_process_may_use():
-    """Under a SLURM cpuset or taskset a rank may use fewer cores than the machine has: torch then gets one
-    thread per allowed core and local rank, never one per machine core (oversubscription)."""
-    code = (
-        "import os, sys, torch\nfrom rl_training.assembly import set_cpu_threads\n"
-        "os.sched_setaffinity(0, set(list(os.sched_getaffinity(0))[: int(sys.argv[1])]))\n"
-        "set_cpu_threads(); print(torch.get_num_threads())\n"
-    )
-    allowed = len(os.sched_getaffinity(0))
-
-    def threads(cores: int, local_world: int) -> int:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "LOCAL_WORLD_SIZE": str(local_world)}
-        r = subprocess.run([sys.executable, "-c", code, str(cores)], env=env, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return int(r.stdout.split()[-1])
-
-    assert threads(1, 1) == 1  # one allowed core, whatever the machine has
-    assert threads(allowed, 1) == allowed
-    assert threads(allowed, 2) == max(1, allowed // 2)  # two ranks on this node share the allowed cores

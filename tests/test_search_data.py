@@ -170,6 +170,8 @@ def test_synthetic_task(tmp_path, hops, tiny_model):
             obs = [s["text"] for s in g["segments"] if not s["trainable"]]
             queries = [t["text"][len("<search>") : -len("</search>")] for t in g["segments"] if t["trainable"]][:-1]
             assert obs == [information_block(r.retrieve([q], 3).passages[0]) for q in queries]
+            if hops == 1:  # the code is the passage's last word, nearest to <answer> (synthetic.py says why)
+                assert obs[0].endswith(f"code {g['golden_answers'][0]}</information>\n\n")
             text = g["prompt"] + "".join(s["text"] for s in g["segments"])
             ids = tok(text, add_special_tokens=False)["input_ids"]
             assert len(ids) == len(text) and tok.decode(ids) == text  # ASCII: one token per character

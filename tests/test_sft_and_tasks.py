@@ -154,3 +154,14 @@ def test_sft_refuses_to_replace_a_finished_run_unless_asked(tiny_model, reverse_
     assert sft_runner.main([*base, "sft.steps=3", "sft.overwrite=true"]) == 0  # asked for explicitly
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
     assert (run_dir / "final_model" / "model.safetensors").read_bytes() != weights
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [("cosine", [1.0, 0.75, 0.25]), ("constant", [1.0, 1.0, 1.0])])
+def test_sft_schedule(tiny_model, reverse_data, tmp_path, schedule, expected):
+    """sft.schedule reaches the SFT optimizer. No warmup, 3 steps, peak 1e-3: cosine logs 0.5 * (1 + cos(pi * s / 3))
+    at s = 0, 1, 2 (1, 0.75, 0.25 of the peak), constant the peak each step."""
+    base = ["--cfg", SFT_CFG, f"model.name_or_path={tiny_model}", f"data.train={reverse_data / 'train.jsonl'}"]
+    base += [f"run.output_dir={tmp_path}", "run.name=s", "sft.warmup_steps=0", "sft.steps=3", "sft.lr=1e-3"]
+    assert sft_runner.main([*base, f"sft.schedule={schedule}"]) == 0
+    lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["sft/lr"] for x in lines] == pytest.approx([1e-3 * e for e in expected])

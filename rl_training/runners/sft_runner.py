@@ -102,7 +102,7 @@ def sft(cfg, info) -> None:
         cfg.optim.__class__(
             lr=s.lr,
             warmup_steps=s.warmup_steps,
-            schedule="cosine",
+            schedule=s.schedule,
             weight_decay=cfg.optim.weight_decay,
             max_grad_norm=cfg.optim.max_grad_norm,
         ),

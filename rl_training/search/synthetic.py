@@ -1,14 +1,21 @@
 """A search task the tiny CPU model can learn: facts reachable only through the retriever.
 
-Every key (a random pronounceable 4-letter word) has one corpus passage,
-    'bazo\\nbazo code 417; friend kelu.'
-with a random 3-digit code and a friend (another key of the same split). Questions:
-- 1 hop: 'code of bazo?' -> '417' (one search: bazo);
-- 2 hops: 'code of friend of bazo?' -> kelu's code (two searches: bazo, then kelu).
+Every key (a random pronounceable 4-letter word) has one corpus passage with a random 3-digit code:
+- 1 hop: 'bazo\\ncode 417'; the question 'code of bazo?' -> '417' (one search: bazo);
+- 2 hops: 'bazo\\nbazo code 417; friend kelu.' with a friend (another key of the same split); the question
+  'code of friend of bazo?' -> kelu's code (two searches: bazo, then kelu).
 Keys are split into training and held-out pools before anything else, and friends stay inside their pool,
 so a held-out question never touches a key (or a code) that a training question does: its code can only
-come from the retriever. The key appears twice in its own passage and once in its friend's, so BM25 ranks
-a key's own passage first (tested for every key).
+come from the retriever. With 2 hops the key appears twice in its own passage and once in its friend's, so
+BM25 ranks a key's own passage first (tested for every key).
+
+Why the 1-hop passage is that short: the answer's digits must be copied out of the observation, and the
+tiny model learned that copy only with the short passage (SFT on gold episodes, batch 32, lr 3e-3, measured
+in docs/search.md): with 'bazo\\nbazo code 417; friend kelu.' (a 77-character observation) or the same with the
+code last ('... friend kelu; code 417.', about as near to `<answer>` as now), held-out EM was still 0 after 400
+steps, the digits' loss at chance (2.3 nats); with 'bazo\\ncode 417' (58 characters) it was 0.10 after 300
+steps and 0.27 after 400. One seed each, so a pointer rather than a law: the passage's length (the key and
+friend letters around the code) mattered, the code's distance to `<answer>` alone did not.
 
 Gold episodes are the exact text of a successful episode, in segments marked trainable (what the policy
 samples) or not (the observation the engine appends), the observations produced by the same BM25 retriever
@@ -63,7 +70,9 @@ def make_facts(keys: list[str], rng: random.Random) -> dict[str, Fact]:
     return {k: Fact(k, f"{rng.randrange(1000):03d}", friends[k]) for k in keys}
 
 
-def passage(f: Fact, pid: int) -> Passage:
+def passage(f: Fact, pid: int, hops: int) -> Passage:
+    if hops == 1:
+        return Passage(str(pid), f"{f.key}\ncode {f.code}")
     return Passage(str(pid), f"{f.key}\n{f.key} code {f.code}; friend {f.friend}.")
 
 
@@ -107,7 +116,7 @@ def write_search_data(
     keys = make_keys(n_train_keys + n_heldout_keys, rng)
     pools = {"train": keys[:n_train_keys], "heldout": keys[n_train_keys:]}
     facts = {k: f for pool in pools.values() for k, f in make_facts(pool, rng).items()}
-    corpus = [passage(facts[k], i) for i, k in enumerate(keys)]
+    corpus = [passage(facts[k], i, hops) for i, k in enumerate(keys)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out / "corpus.jsonl", [{"id": p.id, "contents": p.contents} for p in corpus])
