@@ -24,8 +24,12 @@ def torchrun_cmd(nproc: int, script: str | Path, *args: str) -> list[str]:
 
 
 # Reading a launched run back
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def read_steps(run_dir: Path) -> list[int]:
-    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m["step"] for m in read_metrics(run_dir)]
 
 
 def training_started(run_dir: Path) -> bool:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch import read_metrics
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,6 +78,6 @@ def test_demo_learns_asynchronously_on_a_vllm_server(tmp_path):
     assert after - before >= 0.15, summary
     assert summary["times"]["total_s"] < wall < 900
     (rl_dir,) = tmp_path.glob("demo_*_rl")
-    metrics = [json.loads(x) for x in (rl_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(rl_dir)
     assert [m["rollout/staleness_max"] for m in metrics[:3]] == [0, 1, 1]  # batch t from version t-1
     assert "max_async_level 1" in r.stdout

@@ -21,7 +21,7 @@ from rl_training.evaluation.pass_at_k import summarize
 from rl_training.rewards import reverse_reward
 from rl_training.runners import rl_runner
 from tests.enumeration import maj_by_enumeration, pass_by_enumeration
-from tests.launch import RL_RUNNER, torchrun_cmd
+from tests.launch import RL_RUNNER, read_metrics, torchrun_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -97,10 +97,6 @@ def trained_run(warm_model, reverse_data, tmp_path_factory) -> Path:
     ]
     assert rl_runner.main(["--cfg", TESTCFG, *over]) == 0
     return out / "testconfig"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_inloop_eval_logs_and_leaves_training_unchanged(trained_run, run_overrides, tmp_path, monkeypatch):
