@@ -1,15 +1,20 @@
-"""The multi-turn search demo on CPU: tiny model -> SFT on gold episodes -> Dr-GRPO over episodes -> held-out EM.
+"""The multi-turn search demo on CPU: tiny model -> two-stage SFT warm start -> Dr-GRPO over episodes -> held-out EM.
 
     make demo-search
     .venv/bin/python scripts/demo_search.py [--hops 2] [--output-dir /tmp/demo] [--skip-ablation] [key=value ...]
 
-Everything is local: the tiny model (models/tiny-qwen2), the synthetic task (data/search<hops>: facts reachable
-only through the retriever, held-out keys disjoint from training keys), then runs/search_<time>_sft (SFT on the
-gold episodes, observations masked), runs/search_<time>_rl (RL with the BM25 retriever) and, unless
---skip-ablation, runs/search_<time>_none (the same RL with search.retriever=none: the policy never sees a
-passage). Held-out exact match is measured with the episode engine the training uses (greedy episodes, the
-training grader) on the SFT start and each RL result, each with the retriever it trained with. Extra key=value
-arguments override the RL config. Numbers and times go to runs/search_<time>_rl/demo_summary.json.
+Everything is local: the tiny model (models/tiny-qwen2), the synthetic task (data/search<hops>, written on every
+run: facts reachable only through the retriever, held-out keys disjoint from training keys), then
+- runs/search_<time>_sft: stage 1, SFT on gold episodes that all search (observations masked): it learns to
+  search and to copy the code out of the passage;
+- runs/search_<time>_start: stage 2, a few steps on a mix where only --search-frac of the episodes search and
+  the rest answer "unknown": the start RL gets, which can search and read but seldom does;
+- runs/search_<time>_rl: RL with the BM25 retriever, and, unless --skip-ablation, runs/search_<time>_none: the
+  same RL with search.retriever=none (the policy never sees a passage).
+Held-out exact match is measured with the episode engine the training uses (greedy episodes, the training
+grader) on stage 1, on the start and on each RL result, each with the retriever it trained with; the training
+episodes' sampled EM (first and last steps) is read from each run's metrics. Extra key=value arguments
+override the RL config. Numbers and times go to runs/search_<time>_rl/demo_summary.json.
 """
 
 from __future__ import annotations
@@ -64,6 +69,27 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
     }
 
 
+def sampled_em(metrics: Path, n: int = 3) -> dict:
+    """The training episodes' EM (sampled, temperature as configured): mean of the first and last `n` steps."""
+    from rl_training.monitor import read_jsonl
+
+    rows, _ = read_jsonl(metrics)
+    em = [r["reward/em_mean"] for r in rows if "reward/em_mean" in r]
+    if not em:
+        raise SystemExit(f"{metrics}: no reward/em_mean logged")
+    return {"first": sum(em[:n]) / len(em[:n]), "last": sum(em[-n:]) / len(em[-n:])}
+
+
+def sft_on_one_core(cfg: str, over: list[str], core: int) -> None:
+    """The SFT runner as one rank pinned to one core (so one torch thread): the same arithmetic, hence the
+    same warm start, on any machine with this torch, however many cores it has."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"]
+    cmd += ["rl_training/runners/sft_runner.py", "--cfg", cfg, *over]
+    print(f"+ [core {core}]", " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+
+
 def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> None:
     """One torchrun per retriever at once, each pinned to its own core (set_cpu_threads then gives it one
     thread); their output is printed when both have ended (the tail of each; all of a failed one's)."""
@@ -102,7 +128,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hops", type=int, choices=[1, 2], default=1)
     ap.add_argument("--sft-cfg", default="cfg/search_sft.yaml")
+    ap.add_argument("--start-cfg", default="cfg/search_start.yaml")
     ap.add_argument("--rl-cfg", default="cfg/search_cpu.yaml")
+    ap.add_argument("--search-frac", type=float, default=0.3, help="share of the start's episodes that search")
     ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
     ap.add_argument("--skip-ablation", action="store_true", help="no search.retriever=none RL run")
     ap.add_argument("overrides", nargs="*")
@@ -121,20 +149,37 @@ def main() -> int:
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not (REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
-    if not (REPO / data / "corpus.jsonl").exists():
-        topk = str(sft_cfg.search.topk)
-        sh([sys.executable, "scripts/make_search_data.py", "--out", data, "--hops", str(a.hops), "--topk", topk])
+    # Written on every run (~2 s), so a copy left by an older generator is never used.
+    topk, frac = str(sft_cfg.search.topk), str(a.search_frac)
+    sh(
+        [
+            sys.executable,
+            "scripts/make_search_data.py",
+            "--out",
+            data,
+            "--hops",
+            str(a.hops),
+            "--topk",
+            topk,
+            "--search-frac",
+            frac,
+        ]
+    )
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
-    torchrun("sft_runner.py", a.sft_cfg, sft_over)
+    cores = sorted(os.sched_getaffinity(0))
+    sft_on_one_core(a.sft_cfg, sft_over, cores[0])
+    start_over = [f"run.name=search_{stamp}_start", *out, *files[:3], f"model.name_or_path={sft_dir / 'final_model'}"]
+    start_over += [f"sft.gold_episodes={data}/gold_train_mix.jsonl"]
+    start_dir = Path(sft_cfg.run.output_dir) / f"search_{stamp}_start"
+    sft_on_one_core(a.start_cfg, start_over, cores[0])
     t_sft = time.time()
     runs = {"bm25": f"search_{stamp}_rl"} | ({} if a.skip_ablation else {"none": f"search_{stamp}_none"})
     times, results, cfgs, overs = {"sft_s": t_sft - t0}, {}, {}, {}
     for retriever, name in runs.items():
-        over = [f"run.name={name}", *out, *files, f"model.name_or_path={sft_dir / 'final_model'}"]
+        over = [f"run.name={name}", *out, *files, f"model.name_or_path={start_dir / 'final_model'}"]
         overs[retriever] = [*over, f"search.retriever={retriever}", *a.overrides]
         cfgs[retriever] = load_config(REPO / a.rl_cfg, overs[retriever])
     t = time.time()
-    cores = sorted(os.sched_getaffinity(0))
     if len(runs) > 1 and len(cores) >= len(runs):  # the two RL runs side by side, one core each
         rl_in_parallel(a.rl_cfg, overs, cores)
     else:
@@ -142,27 +187,33 @@ def main() -> int:
             torchrun("rl_runner.py", a.rl_cfg, over)
     times["rl_s"] = time.time() - t
     t = time.time()
+    reader = heldout_em(REPO / sft_dir / "final_model", None, cfgs["bm25"], "bm25")
     for retriever, cfg in cfgs.items():
         run_dir = REPO / cfg.run.output_dir / cfg.run.name
         final = run_dir / "checkpoints" / f"step_{cfg.train.total_steps:06d}" / "adapter"
         results[retriever] = {
-            "before": heldout_em(REPO / sft_dir / "final_model", None, cfg, retriever),
-            "after": heldout_em(REPO / sft_dir / "final_model", final, cfg, retriever),
+            "before": heldout_em(REPO / start_dir / "final_model", None, cfg, retriever),
+            "after": heldout_em(REPO / start_dir / "final_model", final, cfg, retriever),
+            "sampled": sampled_em(run_dir / "metrics.jsonl"),
         }
     times["eval_s"], times["total_s"] = time.time() - t, time.time() - t0
     cfg = cfgs["bm25"]
     print(f"\n== Search demo, {a.hops} hop(s): {cfg.eval.num_prompts} held-out questions, greedy episodes ==")
-    print(f"{'retriever':<12}{'EM SFT start':>14}{'EM after RL':>13}{'change':>9}{'turns':>8}{'searches':>10}")
+    print(f"stage 1 SFT (every gold episode searches): EM {reader['em']:.3f}, {reader['searches']:.2f} searches")
+    head = (
+        f"{'retriever':<10}{'EM start':>10}{'EM after RL':>13}{'change':>9}{'searches':>10}{'sampled EM, RL steps':>24}"
+    )
+    print(head)
     for retriever, r in results.items():
-        b, f = r["before"], r["after"]
+        b, f, smp = r["before"], r["after"], r["sampled"]
         print(
-            f"{retriever:<12}{b['em']:>14.3f}{f['em']:>13.3f}{f['em'] - b['em']:>+9.3f}{f['turns']:>8.2f}"
-            f"{f['searches']:>10.2f}"
+            f"{retriever:<10}{b['em']:>10.3f}{f['em']:>13.3f}{f['em'] - b['em']:>+9.3f}{f['searches']:>10.2f}"
+            f"{smp['first']:>15.3f} -> {smp['last']:.3f}"
         )
     print(f"\nexample episode after RL (sampled text): {results['bm25']['after']['example']!r}")
     print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     rl_dir = REPO / cfg.run.output_dir / cfg.run.name
-    summary = {"hops": a.hops, "results": results, "times": times}
+    summary = {"hops": a.hops, "stage1": reader, "results": results, "times": times}
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {rl_dir / 'demo_summary.json'}")
     return 0

@@ -1,8 +1,8 @@
 """The multi-turn search demo's acceptance criteria (issue 17, item 5): `scripts/demo_search.py` end to end (tiny
-model and data created if missing, SFT on gold episodes, RL with BM25, the retriever=none ablation) raises the
-held-out greedy EM by at least 0.3 over the SFT start within 15 minutes on 2 cores, while the ablation stays
-near zero (a 3-digit code guessed without the passage: EM ~ 1/1000). On 2 cores the two RL runs go side by
-side, one per core."""
+model created if missing, data written, the two-stage SFT warm start on gold episodes, RL with BM25, the
+retriever=none ablation) raises the held-out greedy EM by at least 0.3 over the warm start within 15 minutes on
+2 cores, while the ablation stays near zero (a 3-digit code guessed without the passage: EM ~ 1/1000). On 2
+cores the two RL runs go side by side, one per core."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(
-    not os.environ.get("RL_OPEN_DEMOS"),
-    reason="issue 17 item 5 open: measured SFT start EM 0.05, after 20 RL steps 0.02 (docs/search.md, the CPU "
-    "demo); run with RL_OPEN_DEMOS=1",
-)
 def test_search_demo_meets_its_acceptance_criteria(tmp_path):
     t0 = time.monotonic()
     r = subprocess.run(
@@ -42,5 +37,7 @@ def test_search_demo_meets_its_acceptance_criteria(tmp_path):
     print("search demo:", json.dumps(summary["results"]), summary["times"], f"wall {wall:.0f} s")
     assert bm25["after"]["em"] - bm25["before"]["em"] >= 0.3, summary
     assert none["after"]["em"] <= 0.05, summary
-    assert bm25["after"]["searches"] >= 1.0  # it answers by searching, not by memorising
+    assert bm25["after"]["searches"] >= 0.95  # it answers by searching (held-out codes exist only in the corpus)
+    assert bm25["sampled"]["last"] - bm25["sampled"]["first"] >= 0.3  # the training episodes tell the same story
+    assert none["sampled"]["last"] <= 0.05
     assert summary["times"]["total_s"] < wall < 900

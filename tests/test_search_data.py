@@ -6,6 +6,7 @@ episodes score 1 and fit the tiny model's vocabulary)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -168,11 +169,52 @@ def test_synthetic_task(tmp_path, hops, tiny_model):
         assert score_completions(TASKS["search"], sampled, examples, 5).rewards == [1.0] * len(gold)
         for g in gold:
             obs = [s["text"] for s in g["segments"] if not s["trainable"]]
-            queries = [t["text"][len("<search>") : -len("</search>")] for t in g["segments"] if t["trainable"]][:-1]
+            acts = [t["text"] for t in g["segments"] if t["trainable"]]
+            queries = [re.fullmatch(r"(?:<think>[^<]*</think>)?<search>(\w+)</search>", a)[1] for a in acts[:-1]]
             assert obs == [information_block(r.retrieve([q], 3).passages[0]) for q in queries]
-            if hops == 1:  # the code is the passage's last word, nearest to <answer> (synthetic.py says why)
-                assert obs[0].endswith(f"code {g['golden_answers'][0]}</information>\n\n")
+            code = g["golden_answers"][0]
+            # after each observation a note of what it said, then the next action; the last one answers
+            assert acts[-1] == f"<think>code {code}</think><answer>{code}</answer>"
+            if hops == 2:
+                assert acts[1].startswith(f"<think>friend {queries[1]}</think>") and f"friend {queries[1]}." in obs[0]
+            assert f"code {code}" in obs[-1]
             text = g["prompt"] + "".join(s["text"] for s in g["segments"])
             ids = tok(text, add_special_tokens=False)["input_ids"]
             assert len(ids) == len(text) and tok.decode(ids) == text  # ASCII: one token per character
-            assert len(ids) < 400  # fits the tiny model's 512 positions with room for EOS and longer turns
+            assert len(ids) < 450  # 2 hops, topk 3: ~415; fits the tiny model's 512 positions with room for EOS
+
+
+def test_synthetic_mix_searches_in_the_given_share_and_is_otherwise_the_gold(tmp_path):
+    """gold_train_mix.jsonl (the demo's stage-2 warm start): the episodes that search are gold_train's own,
+    the others answer 'unknown' without a search, and the share that searches is search_frac within noise:
+    400 Bernoulli(0.3) draws have sd sqrt(0.3 * 0.7 / 400) = 0.023, so 0.3 +- 0.08 is 3.5 sd."""
+    out = write_search_data(tmp_path / "d", n_train_keys=400, n_heldout_keys=10, topk=1, search_frac=0.3)
+    gold, mix = (
+        [json.loads(x) for x in (out / f).read_text().splitlines()]
+        for f in ("gold_train.jsonl", "gold_train_mix.jsonl")
+    )
+    assert [g["question"] for g in gold] == [m["question"] for m in mix]
+    searched = [m == g for g, m in zip(gold, mix, strict=True)]
+    assert abs(sum(searched) / len(mix) - 0.3) < 0.08
+    for g, m, s in zip(gold, mix, searched, strict=True):
+        if not s:
+            assert m["segments"] == [{"text": "<answer>unknown</answer>", "trainable": True}]  # no search, no note
+            assert m["golden_answers"] == g["golden_answers"] and m["prompt"] == g["prompt"]
+    # the same seed writes the same files; no search_frac, no mix file
+    again = write_search_data(tmp_path / "e", n_train_keys=400, n_heldout_keys=10, topk=1, search_frac=0.3)
+    assert (again / "gold_train_mix.jsonl").read_text() == (out / "gold_train_mix.jsonl").read_text()
+    assert not (write_search_data(tmp_path / "f", n_train_keys=40, n_heldout_keys=10) / "gold_train_mix.jsonl").exists()
+    with pytest.raises(ValueError, match="search_frac"):
+        write_search_data(tmp_path / "g", n_train_keys=40, n_heldout_keys=10, search_frac=1.5)
+
+
+def test_synthetic_keys_are_distinct_words_of_the_given_length():
+    import random
+
+    from rl_training.search.synthetic import make_keys
+
+    keys = make_keys(20000, random.Random(0))
+    assert len(set(keys)) == 20000 and {len(k) for k in keys} == {6}  # 3 consonant-vowel pairs
+    assert {len(k) for k in make_keys(50, random.Random(0), syllables=2)} == {4}
+    with pytest.raises(ValueError, match="too many"):
+        make_keys(2451, random.Random(0), syllables=2)  # (14 * 5) ** 2 // 2 = 2450 at most
