@@ -80,11 +80,25 @@ def sampled_em(metrics: Path, n: int = 3) -> dict:
     return {"first": sum(em[:n]) / len(em[:n]), "last": sum(em[-n:]) / len(em[-n:])}
 
 
+def one_rank(runner: str, cfg: str, over: list[str]) -> list[str]:
+    """torchrun of one rank of rl_training/runners/<runner>."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=1",
+        "--standalone",
+        f"rl_training/runners/{runner}",
+        "--cfg",
+        cfg,
+        *over,
+    ]
+
+
 def sft_on_one_core(cfg: str, over: list[str], core: int) -> None:
     """The SFT runner as one rank pinned to one core (so one torch thread): the same arithmetic, hence the
     same warm start, on any machine with this torch, however many cores it has."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"]
-    cmd += ["rl_training/runners/sft_runner.py", "--cfg", cfg, *over]
+    cmd = one_rank("sft_runner.py", cfg, over)
     print(f"+ [core {core}]", " ".join(cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(cmd, cwd=REPO, env=env, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
@@ -95,8 +109,7 @@ def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> N
     thread); their output is printed when both have ended (the tail of each; all of a failed one's)."""
     procs = {}
     for (retriever, over), core in zip(overs.items(), cores, strict=False):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--standalone"]
-        cmd += ["rl_training/runners/rl_runner.py", "--cfg", cfg, *over]
+        cmd = one_rank("rl_runner.py", cfg, over)
         print(f"+ [core {core}]", " ".join(cmd), flush=True)
         log = tempfile.TemporaryFile("w+")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -151,20 +164,8 @@ def main() -> int:
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     # Written on every run (~2 s), so a copy left by an older generator is never used.
     topk, frac = str(sft_cfg.search.topk), str(a.search_frac)
-    sh(
-        [
-            sys.executable,
-            "scripts/make_search_data.py",
-            "--out",
-            data,
-            "--hops",
-            str(a.hops),
-            "--topk",
-            topk,
-            "--search-frac",
-            frac,
-        ]
-    )
+    gen = [sys.executable, "scripts/make_search_data.py", "--out", data, "--hops", str(a.hops), "--topk", topk]
+    sh([*gen, "--search-frac", frac])
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
     cores = sorted(os.sched_getaffinity(0))
     sft_on_one_core(a.sft_cfg, sft_over, cores[0])

@@ -159,7 +159,7 @@ def write_search_data(
         _write_jsonl(out / f"gold_{split}.jsonl", gold)
         if split == "train" and search_frac is not None:
             mix = random.Random(seed + 1)
-            unsearched = [gold_episode(q, a, [], [], [], template, reply=NO_ANSWER) for q, a, *_ in asked]
+            unsearched = (gold_episode(q, a, [], [], [], template, reply=NO_ANSWER) for q, a, *_ in asked)
             _write_jsonl(
                 out / "gold_train_mix.jsonl", [g if mix.random() < search_frac else u for g, u in zip(gold, unsearched)]
             )
