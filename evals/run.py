@@ -2,8 +2,8 @@
 
     python -m evals.run --run-dir runs/tiny_cpu                         # every checkpoint + step 0
     python -m evals.run --run-dir runs/tiny_cpu --steps 50,100 --backend hf --k 1,4,8 --n 8
-    python -m evals.run --run-dir runs/qwen --dataset data/gsm8k/test.jsonl --format gsm8k
-    python -m evals.run --run-dir runs/qwen --dataset HuggingFaceH4/MATH-500@test --format math \\
+    python -m evals.run --run-dir runs/qwen --dataset data/gsm8k/test.jsonl --task gsm8k
+    python -m evals.run --run-dir runs/qwen --dataset HuggingFaceH4/MATH-500@test --task math \\
         --question-key problem --answer-key answer data.max_prompt_tokens=1024
     python -m evals.run --run-dir runs/tiny_cpu vllm.kv_cache_gb=0.1   # key=value: any config key but model/lora
 
@@ -39,19 +39,19 @@ from pathlib import Path
 import torch
 
 from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
-from rl_training import code, dist
-from rl_training.checkpoint import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
-from rl_training.ckpt_marker import COMPLETE, STEP_RE, step_name
-from rl_training.cli import exit_status_of
-from rl_training.config import Config, ConfigError, get_key
-from rl_training.config_load import load_config
-from rl_training.config_resolve import resolve
+from rl_training.base import dist
+from rl_training.ckpt.marker import COMPLETE, STEP_RE, step_name
+from rl_training.ckpt.store import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
+from rl_training.config.load import load_config
+from rl_training.config.resolve import resolve
+from rl_training.config.schema import Config, ConfigError, get_key
 from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, write_step_result
 from rl_training.evaluation.pass_at_k import metric_names, summarize
-from rl_training.models import load_tokenizer
-from rl_training.platform_check import require_working_cuda
-from rl_training.rewards import TASKS
-from rl_training.run_lock import RunLock
+from rl_training.policy.models import load_tokenizer
+from rl_training.runtime.cli import exit_status_of
+from rl_training.runtime.lock import RunLock
+from rl_training.runtime.platform_check import require_working_cuda
+from rl_training.tasks.build import BUILTIN, build_task, task_context
 
 EXIT_SKIPPED = 3
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -65,7 +65,8 @@ IDENTITY = [
     "data.system_prompt",
     "data.use_chat_template",
     "data.eval",
-    "data.format",
+    "task.name",
+    "task.args",
     "data.question_key",
     "data.answer_key",
 ]
@@ -86,7 +87,7 @@ def cli_overrides(a: argparse.Namespace) -> list[str]:
             raise ConfigError(f"override '{ov}': the base model and adapter come from each checkpoint's config.yaml")
     flags = {
         "data.eval": a.dataset,
-        "data.format": a.format,
+        "task.name": a.task,
         "data.question_key": a.question_key,
         "data.answer_key": a.answer_key,
         "eval.num_prompts": a.limit,
@@ -204,7 +205,12 @@ def parse_args(argv):
     ap.add_argument("--steps", default="all", help="'all' or a list such as 100,200 (step 0 is always added)")
     ap.add_argument("--no-base", action="store_true", help="do not evaluate the step-0 base model")
     ap.add_argument("--dataset", help="jsonl/json/parquet path or `datasets` name[:config]@split (default data.eval)")
-    ap.add_argument("--format", choices=sorted(TASKS), help="task format of --dataset (default data.format)")
+    ap.add_argument(
+        "--task",
+        "--format",
+        dest="task",
+        help=f"the task of --dataset: {', '.join(BUILTIN)} or path/file.py:NAME (default: the run's task.name)",
+    )
     ap.add_argument("--question-key", help="record field of the question (default data.question_key)")
     ap.add_argument("--answer-key", help="record field of the answer; math takes it as-is when it has no \\boxed")
     ap.add_argument("--limit", type=int, default=0, help="first N problems only (0 = all)")
@@ -237,9 +243,9 @@ def evaluate_run(a: argparse.Namespace) -> int:
     overrides = cli_overrides(a)
     load_config(None, overrides, training=False)  # bad flags or overrides fail here, once, not as N skipped checkpoints
     usable, skipped, cfg = usable_targets(run_dir, a.steps, not a.no_base, overrides)
+    task = build_task(cfg)  # the run's own task (or --task): its parsing, prompts, grader and resources
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    examples, prompts = load_eval_set(cfg, tokenizer)
-    code.use_config(cfg)  # code formats: the training sandbox pool, pass@k from its verdicts
+    examples, prompts = load_eval_set(cfg, tokenizer, task)
     es = EvalSettings.from_config(cfg)
     settings = eval_settings(cfg, es, len(examples))
     name = a.name or dataset_tag(cfg.data.eval)
@@ -265,7 +271,13 @@ def evaluate_run(a: argparse.Namespace) -> int:
             print(f"{step_name(t.step)}: already evaluated ({saved}); --redo to redo")
     n_skipped = len(skipped)
     if todo:
-        n_skipped += run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, name, info, a.chunk)
+        task.start(task_context(info, tokenizer, cfg))  # a code task's sandbox pool, a search task's retriever
+        try:
+            n_skipped += run_evals(
+                cfg, todo, tokenizer, task, examples, prompts, es, settings, run_dir, name, info, a.chunk
+            )
+        finally:
+            task.close()
     results, other = load_results(out_dir, settings)
     if other:
         print(f"summary ignores steps {other}: evaluated with other settings")
@@ -324,7 +336,8 @@ def eval_settings(cfg: Config, es: EvalSettings, num_problems: int) -> dict:
     d = cfg.data
     return {
         "dataset": d.eval,
-        "format": d.format,
+        "format": cfg.task.name,
+        **({"task_args": dict(cfg.task.args)} if cfg.task.args else {}),
         "question_key": d.question_key,
         "answer_key": d.answer_key,
         "num_problems": num_problems,
@@ -339,21 +352,20 @@ def eval_settings(cfg: Config, es: EvalSettings, num_problems: int) -> dict:
     }
 
 
-def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, name, info, chunk) -> int:
+def run_evals(cfg, todo, tokenizer, task, examples, prompts, es, settings, run_dir, name, info, chunk) -> int:
     """Build the policy and engine once, evaluate each target in turn; returns how many failed to load."""
     from tqdm import tqdm
 
-    from rl_training.assembly import seed_all, set_cpu_threads
-    from rl_training.models import build_policy
-    from rl_training.rollout.episodes import with_episodes
-    from rl_training.rollout.factory import build_backend
+    from rl_training.policy.models import build_policy
+    from rl_training.rollout.factory import build_rollout
+    from rl_training.runtime.seeding import seed_all, set_cpu_threads
 
     set_cpu_threads()
     seed_all(cfg.train.seed)
     t0 = time.perf_counter()
     _, model = build_policy(cfg, info.device)
     model.eval()
-    backend = with_episodes(cfg, build_backend(cfg, model, tokenizer, info), tokenizer)  # search: episodes
+    backend = build_rollout(cfg, model, tokenizer, info, task)  # an Environment's episodes
     print(f"built the {backend.name} engine once for {len(todo)} evaluations in {time.perf_counter() - t0:.1f} s")
     out_dir = run_dir / "eval" / name
     bar = tqdm(
@@ -380,7 +392,6 @@ def run_evals(cfg, todo, tokenizer, examples, prompts, es, settings, run_dir, na
             t_sync = time.perf_counter()
             backend.sync_weights(model)
             t_eval = time.perf_counter()
-            task = TASKS[cfg.data.format]
             records, timing = evaluate_policy(backend, prompts, examples, task, es, chunk=chunk, progress=bar.update)
             timing = {"load_s": t_sync - t_load, "sync_s": t_eval - t_sync, **timing}
             metrics = summarize(records, es.ks)

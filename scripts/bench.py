@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def build_run(cfg_path: str, backend: str, overrides: list[str], out_dir: str, name: str):
-    from rl_training import dist
-    from rl_training.config_load import load_config
+    from rl_training.base import dist
+    from rl_training.config.load import load_config
     from rl_training.runners.rl_runner import setup
 
     cfg = load_config(

@@ -44,9 +44,9 @@ CONFIGS = {  # label -> overrides
 
 def make_models(work: Path) -> dict[str, Path]:
     """{'long': the random tiny model, 'demo': it after 40 SFT steps} and the reversal data, built once."""
-    from rl_training.data.synthetic import write_reverse_data
+    from rl_training.policy.tiny_model import make_tiny_model
     from rl_training.runners import sft_runner
-    from rl_training.tiny_model import make_tiny_model
+    from rl_training.tasks.reverse import write_reverse_data
 
     data = work / "data"
     if not (data / "train.jsonl").exists():

@@ -1,4 +1,4 @@
-"""Benchmark of the multi-turn rollout step: episodes/s and the share of each turn's generation and of retrieval.
+"""Benchmark of the multi-turn rollout step: episodes/s and the share of each turn's generation and of the environment.
 
     flock /tmp/bench.lock .venv/bin/python scripts/bench_multiturn.py [--cfg cfg/search_cpu.yaml] [--repeats 3]
         [--prompts 16] [key=value ...]
@@ -27,8 +27,8 @@ def main() -> int:
     a = ap.parse_args()
     import bm25s  # noqa: F401  (imported before the engine, as a search run does)
 
-    from rl_training import dist
-    from rl_training.config_load import load_config
+    from rl_training.base import dist
+    from rl_training.config.load import load_config
     from rl_training.rollout.base import SamplingSpec
     from rl_training.runners import rl_runner
 
@@ -39,7 +39,7 @@ def main() -> int:
         for r in range(a.repeats):
             spec = SamplingSpec(cfg.rollout.group_size, 0, cfg.rollout.temperature, cfg.rollout.top_p, seed=1000 + r)
             t0 = time.perf_counter()
-            ro = run.backend.generate(run.prompts[: a.prompts], spec)
+            ro = run.backend.generate(run.prompts[: a.prompts], spec, examples=run.examples[: a.prompts])
             total = time.perf_counter() - t0
             eps = ro.episodes or []
             rows.append(
@@ -52,6 +52,7 @@ def main() -> int:
             )
     finally:
         run.backend.close()
+        run.task.close()
     keys = sorted({k for row in rows for k in row})
     med = {k: statistics.median(row.get(k, 0.0) for row in rows) for k in keys}
     med.update({"episodes": a.prompts * cfg.rollout.group_size, "backend": cfg.rollout.backend, "repeats": a.repeats})

@@ -51,11 +51,11 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from rl_training.algs.objectives import StepNorm
-    from rl_training.config import LoraCfg
-    from rl_training.models import apply_lora, trainable_parameters
-    from rl_training.packing import padded_tokens
-    from rl_training.tiny_model import make_tiny_model
-    from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.config.schema import LoraCfg
+    from rl_training.policy.models import apply_lora, trainable_parameters
+    from rl_training.policy.tiny_model import make_tiny_model
+    from rl_training.train.packing import padded_tokens
+    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

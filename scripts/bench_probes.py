@@ -28,8 +28,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench_results" / "probes.json"))
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from rl_training import dist
-    from rl_training.config_load import load_config
+    from rl_training.base import dist
+    from rl_training.config.load import load_config
     from rl_training.runners.rl_runner import rl_step, setup
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,9 +20,9 @@ import statistics
 import sys
 import time
 
-from rl_training.code.harness import judge
-from rl_training.code.sandbox import Pool, PoolSettings, Worker
-from rl_training.code.tasks import code_example, program_of
+from rl_training.tasks.code.harness import judge
+from rl_training.tasks.code.sandbox import Pool, PoolSettings, Worker
+from rl_training.tasks.code.task import code_example, program_of
 
 
 class FreshSandboxPool(Pool):

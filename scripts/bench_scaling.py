@@ -197,7 +197,7 @@ def run_sweep(name: str, points: list[Point], backends: list[str], a, tmp: str) 
 
 def read_metrics(path: Path, warmup: int) -> list[dict]:
     """The step records of a metrics.jsonl after the first `warmup` steps."""
-    from rl_training.monitor import read_jsonl
+    from rl_training.runners.monitor import read_jsonl
 
     recs, _ = read_jsonl(path)
     return [r for r in recs if r["step"] > warmup]  # steps are logged 1-based (completed steps)

@@ -32,8 +32,8 @@ def worker(size: str, mode: str, work: Path) -> None:
     import bench_trl
     import torch
 
+    from rl_training.policy.tiny_model import make_tiny_model
     from rl_training.rollout.base import SamplingSpec
-    from rl_training.tiny_model import make_tiny_model
 
     torch.set_num_threads(2)
     real_stdout, sys.stdout = sys.stdout, sys.stderr

@@ -54,8 +54,8 @@ def task_rows(task: str, n: int, seed: int = 0) -> list[dict]:
 
 def prepare(work: Path, task: str) -> tuple[Path, Path]:
     """(SFT-warmed model dir, train jsonl) for a task; built once and kept under `work`."""
+    from rl_training.policy.tiny_model import make_tiny_model
     from rl_training.runners import sft_runner
-    from rl_training.tiny_model import make_tiny_model
 
     d = work / task
     model, data = d / "sft" / "warm" / "final_model", d / "train.jsonl"
@@ -83,15 +83,15 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------------------------- workers
 # Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
 def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path, extra: list[str] = ()):
-    from rl_training import dist
-    from rl_training.config_load import load_config
+    from rl_training.base import dist
+    from rl_training.config.load import load_config
     from rl_training.runners.rl_runner import rl_step, setup
 
     over = [
         f"model.name_or_path={model}",
         f"data.train={data}",
         f"data.eval={data}",
-        "data.format=reverse",
+        "task.name=reverse",
         "data.max_prompt_tokens=64",
         f"rollout.backend={backend}",
         f"rollout.prompts_per_step={PROMPTS}",
@@ -188,7 +188,7 @@ def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, r
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl_training.rewards import reverse_reward
+    from rl_training.tasks.reverse import reverse_reward
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(x) for x in data.read_text().splitlines()]

@@ -61,16 +61,15 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
     eval pipeline's code: the training prompt template and grader (rl_training/evaluation/evaluate.py)."""
     import torch
 
-    from rl_training import code
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
     from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
     from rl_training.evaluation.pass_at_k import summarize
-    from rl_training.models import load_base_model, load_tokenizer
-    from rl_training.rewards import TASKS
+    from rl_training.policy.models import load_base_model, load_tokenizer
     from rl_training.rollout.hf import HFBackend
+    from rl_training.tasks.build import build_task, task_context
 
-    code.use_config(cfg)  # code formats: the training run's sandbox pool settings (a no-op otherwise)
+    task = build_task(cfg)  # the training run's task: its parsing, prompts, grader and sandbox pool settings
     tok = load_tokenizer(str(model_path))
     model_cfg = type(cfg.model)(**{**cfg.model.__dict__, "name_or_path": str(model_path)})
     model = load_base_model(model_cfg, torch.device("cpu"))
@@ -78,12 +77,14 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter)
-    examples = load_examples(
-        cfg.data.eval, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=cfg.eval.num_prompts
-    )
-    prompts = encode_prompts(examples, cfg.data, tok)
+    examples = load_examples(cfg.data.eval, task.parse, limit=cfg.eval.num_prompts)
+    prompts = encode_prompts(examples, cfg.data, tok, task)
     settings = EvalSettings(cfg.eval.max_new_tokens, 4, (1,), cfg.rollout.temperature, 1.0, 1234, cfg.reward.timeout_s)
-    records, _ = evaluate_policy(HFBackend(model.eval(), tok), prompts, examples, TASKS[cfg.data.format], settings)
+    task.start(task_context(tokenizer=tok, cfg=cfg))
+    try:
+        records, _ = evaluate_policy(HFBackend(model.eval(), tok), prompts, examples, task, settings)
+    finally:
+        task.close()
     m = summarize(records, settings.ks)
     return {
         "greedy_reward": m["reward_mean"],
@@ -110,8 +111,8 @@ def main() -> int:
     sft_default, rl_default, make_data, headline = DEMOS[a.task]
     a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config_load import load_config
-    from rl_training.rollout.factory import resolve_backend_name
+    from rl_training.config.load import load_config
+    from rl_training.config.resolve import resolve_backend_name
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")
@@ -121,7 +122,7 @@ def main() -> int:
     if not Path(REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     # The code task's data is always rewritten (deterministic, under a second): a copy left by an older
-    # generator (before the shown inputs' marker, rl_training/code/synthetic.py) would be a different task.
+    # generator (before the shown inputs' marker, rl_training/tasks/code/synthetic.py) would be a different task.
     if a.task == "code" or not Path(REPO / sft_cfg.data.train).exists():
         sh([sys.executable, make_data, "--out", str(Path(sft_cfg.data.train).parent)])
 

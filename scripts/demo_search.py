@@ -43,10 +43,10 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
     from rl_training.data.sources import load_examples
     from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
     from rl_training.evaluation.pass_at_k import summarize
-    from rl_training.models import load_base_model, load_tokenizer
-    from rl_training.rewards import TASKS
+    from rl_training.policy.models import load_base_model, load_tokenizer
     from rl_training.rollout.episodes import with_episodes
     from rl_training.rollout.hf import HFBackend
+    from rl_training.tasks.build import build_task, task_context
 
     tok = load_tokenizer(str(model_path))
     model = load_base_model(dataclasses.replace(cfg.model, name_or_path=str(model_path)), torch.device("cpu"))
@@ -55,11 +55,16 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
 
         model = PeftModel.from_pretrained(model, adapter)
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, retriever=retriever))
-    examples = load_examples(cfg.data.eval, cfg.data.format, limit=cfg.eval.num_prompts)
-    prompts = encode_prompts(examples, cfg.data, tok)
-    backend = with_episodes(cfg, HFBackend(model.eval(), tok), tok)
-    settings = EvalSettings(0, 0, (), 1.0, 1.0, 1234, cfg.reward.timeout_s)
-    records, _ = evaluate_policy(backend, prompts, examples, TASKS[cfg.data.format], settings)
+    task = build_task(cfg)
+    examples = load_examples(cfg.data.eval, task.parse, limit=cfg.eval.num_prompts)
+    prompts = encode_prompts(examples, cfg.data, tok, task)
+    task.start(task_context(tokenizer=tok, cfg=cfg))
+    try:
+        backend = with_episodes(cfg, HFBackend(model.eval(), tok), tok, task)
+        settings = EvalSettings(0, 0, (), 1.0, 1.0, 1234, cfg.reward.timeout_s)
+        records, _ = evaluate_policy(backend, prompts, examples, task, settings)
+    finally:
+        task.close()
     m = summarize(records, ())
     return {
         "em": m["accuracy"],
@@ -71,7 +76,7 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
 
 def sampled_em(metrics: Path, n: int = 3) -> dict:
     """The training episodes' EM (sampled, temperature as configured): mean of the first and last `n` steps."""
-    from rl_training.monitor import read_jsonl
+    from rl_training.runners.monitor import read_jsonl
 
     rows, _ = read_jsonl(metrics)
     em = [r["reward/em_mean"] for r in rows if "reward/em_mean" in r]
@@ -149,7 +154,7 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config_load import load_config
+    from rl_training.config.load import load_config
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")

@@ -94,7 +94,7 @@ def bound_row(check: str, value: float | None, limit: float, below: bool = True,
 def stack_rows(cuda: bool) -> list[Row]:
     import torch
 
-    from rl_training.platform_check import cuda_problem, min_driver, probe
+    from rl_training.runtime.platform_check import cuda_problem, min_driver, probe
 
     p = probe()
     problem = cuda_problem(p)
@@ -206,8 +206,8 @@ def run_module(module: str, args: list[str], cwd: Path) -> subprocess.CompletedP
 
 def prepare(work: Path) -> list[str]:
     """Tiny model, reverse data and a short SFT warm start (rewards > 0, so RL updates happen) in `work`."""
-    from rl_training.data.synthetic import write_reverse_data
-    from rl_training.tiny_model import make_tiny_model
+    from rl_training.policy.tiny_model import make_tiny_model
+    from rl_training.tasks.reverse import write_reverse_data
 
     model = make_tiny_model(work / "tiny-qwen2", seed=0)
     data = write_reverse_data(work / "data", n_train=200, n_heldout=32)

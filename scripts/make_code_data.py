@@ -5,7 +5,7 @@ python scripts/make_code_data.py --out data/code_synth [--n-train 4000 --n-heldo
 
 import argparse
 
-from rl_training.code.synthetic import write_code_data
+from rl_training.tasks.code.synthetic import write_code_data
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)

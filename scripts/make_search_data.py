@@ -1,4 +1,4 @@
-"""Write the synthetic search task (rl_training/search/synthetic.py): corpus.jsonl, train.jsonl, heldout.jsonl
+"""Write the synthetic search task (rl_training/tasks/search/synthetic.py): corpus.jsonl, train.jsonl, heldout.jsonl
 (disjoint keys) and gold episodes gold_train.jsonl / gold_heldout.jsonl.
 
 python scripts/make_search_data.py --out data/search1                   # 1 hop: one search per question
@@ -8,7 +8,7 @@ python scripts/make_search_data.py --out data/search2 --hops 2          # 2 hops
 
 import argparse
 
-from rl_training.search.synthetic import TEMPLATE, write_search_data
+from rl_training.tasks.search.synthetic import TEMPLATE, write_search_data
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -5,7 +5,7 @@ python scripts/make_synthetic_data.py --out data/reverse [--n-train 4000 --n-hel
 
 import argparse
 
-from rl_training.data.synthetic import write_reverse_data
+from rl_training.tasks.reverse import write_reverse_data
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)

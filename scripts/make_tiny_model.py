@@ -5,7 +5,7 @@ python scripts/make_tiny_model.py --out models/tiny-qwen2 [--seed 0]
 
 import argparse
 
-from rl_training.tiny_model import make_tiny_model
+from rl_training.policy.tiny_model import make_tiny_model
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)

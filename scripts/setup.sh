@@ -6,7 +6,7 @@
 # Python: $PYTHON if set, else the newest of python3.13 / python3.12 / python3.11 / python3 on PATH that is
 # >= 3.11 (the pinned numpy, pyarrow and matplotlib need it). On GPU platforms the heavy packages install
 # from wheels only (never an hour-long vLLM source build), and torch is verified to be a CUDA build.
-# The platform is the first word of .venv/.setup-stamp; the runners read it (rl_training/platform_check.py).
+# The platform is the first word of .venv/.setup-stamp; the runners read it (rl_training/runtime/platform_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

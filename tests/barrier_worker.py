@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from rl_training.ckpt_sync import NullSyncer
+from rl_training.ckpt.upload import NullSyncer
 from rl_training.runners import rl_runner
 
 FINISH_S = 4.0

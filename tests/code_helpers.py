@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rl_training.code.worker import descendants
+from rl_training.tasks.code.worker import descendants
 from tests.system_packages import require_debian_packages
 
 
 @pytest.fixture(scope="module")
 def pool():
     require_debian_packages({"bwrap": "bubblewrap"})
-    from rl_training.code.sandbox import Pool, PoolSettings
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings
 
     p = Pool(PoolSettings(workers=2))
     yield p

@@ -33,14 +33,14 @@ def _no_engine_env_leaks():
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from rl_training.tiny_model import make_tiny_model
+    from rl_training.policy.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", seed=0)
 
 
 @pytest.fixture(scope="session")
 def reverse_data(tmp_path_factory) -> Path:
-    from rl_training.data.synthetic import write_reverse_data
+    from rl_training.tasks.reverse import write_reverse_data
 
     return write_reverse_data(tmp_path_factory.mktemp("data") / "reverse", n_train=200, n_heldout=32)
 

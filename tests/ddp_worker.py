@@ -20,7 +20,7 @@ def _init(rank: int, world: int, port: int):
             "LOCAL_WORLD_SIZE": str(world),
         }
     )
-    from rl_training import dist
+    from rl_training.base import dist
 
     return dist.init_distributed()
 
@@ -28,11 +28,11 @@ def _init(rank: int, world: int, port: int):
 def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, drop: bool = False) -> None:
     """T3: this rank's half of 8 prompt groups (2 micro-batches of 2 groups) with all three GNS levels;
     `drop` skips the zero-advantage group (rank 1 only, so the ranks keep different numbers of groups)."""
-    from rl_training import dist
     from rl_training.algs.objectives import StepNorm
-    from rl_training.models import trainable_parameters
+    from rl_training.base import dist
+    from rl_training.policy.models import trainable_parameters
     from rl_training.probes.probe import StepProbes
-    from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
     from tests.helpers import G, lora_policy
     from tests.test_probe_capture import subset
 
@@ -83,8 +83,8 @@ def ddp_batch():
 
 def train_worker(rank: int, world: int, port: int, out: str, overrides: list[str]) -> None:
     """The real runner on 2 ranks: three RL steps, then report prompts, adapter and metrics."""
-    from rl_training import dist
-    from rl_training.config_load import load_config
+    from rl_training.base import dist
+    from rl_training.config.load import load_config
     from rl_training.runners import rl_runner
 
     info = _init(rank, world, port)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+from pathlib import Path
+
 import torch
 
 from rl_training.algs.objectives import OBJECTIVES, StepNorm
-from rl_training.config import LoraCfg
-from rl_training.models import apply_lora, trainable_parameters
+from rl_training.config.schema import LoraCfg
+from rl_training.policy.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import NULL_PROBES, UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.train.update import NULL_PROBES, UpdateHParams, make_micro_batches, train_on_rollouts
 
 G = 2  # completions per prompt in the fake rollouts
 
@@ -93,3 +98,43 @@ def grads_after(
     )
     stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
+
+
+# ------------------------------------------------------------------------------------------- paths, configs
+REPO = Path(__file__).resolve().parents[1]
+TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
+SFT_CFG = str(REPO / "cfg" / "tiny_sft.yaml")
+FIXTURES = REPO / "tests" / "fixtures"
+WORKERS = REPO / "tests" / "workers"
+RL_RUNNER = str(REPO / "rl_training" / "runners" / "rl_runner.py")
+VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]  # the colocated engine at a CPU-sized KV cache
+
+
+def data_overrides(reverse_data: Path) -> list[str]:
+    return [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ docs/extending.md
+DOC_EXTENDING = REPO / "docs" / "extending.md"
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```\n", re.M | re.S)
+
+
+def doc_blocks(path: Path = DOC_EXTENDING) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of a docs page, in order."""
+    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(path.read_text())]
+
+
+def doc_file(name: str, path: Path = DOC_EXTENDING) -> str:
+    """The body of the page's `# file: NAME` block (a task file the page shows whole)."""
+    (body,) = [b for _, b in doc_blocks(path) if b.startswith(f"# file: {name}\n")]
+    return body
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
-from rl_training.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.exit_codes import STOPPED_EXIT_CODE
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
 from rl_training.rollout.async_queue import (
     behavior_version,
     make_rollouts,
@@ -153,7 +153,7 @@ class FakeServer:
     name = "server"
 
     def __init__(self, cfg, model, tokenizer, dist_info, start_step=0):
-        from rl_training.config import derive
+        from rl_training.config.schema import derive
 
         self._pin = threading.local()
         self.tokenizer, self.root = tokenizer, derive(cfg, 1).run_dir / "published"
@@ -168,7 +168,7 @@ class FakeServer:
         yield
         self._pin.version = None
 
-    def generate(self, prompts, spec):
+    def generate(self, prompts, spec, examples=None):
         v = getattr(self._pin, "version", None)
         v = self.version if v is None else v
         self.generated.append((v, threading.current_thread().name))
@@ -211,11 +211,11 @@ class FakeServer:
 def fake(monkeypatch, run_overrides):
     made: list = []
 
-    def build(cfg, model, tokenizer, info, start_step=0):
+    def build(cfg, model, tokenizer, info, task, start_step=0):
         made.append(FakeServer(cfg, model, tokenizer, info, start_step))
         return made[-1]
 
-    monkeypatch.setattr(rl_runner, "build_backend", build)
+    monkeypatch.setattr(rl_runner, "build_rollout", build)
     base = [*run_overrides, "rollout.backend=server", "server.urls=[http://127.0.0.1:9]", "loss.tis_cap=2.0"]
     return made, base
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import dist
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
 from rl_training.runners import rl_runner
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.serialization
 
-from rl_training import checkpoint as ck
-from rl_training.assembly import build_optimizer
-from rl_training.ckpt_marker import file_records
-from rl_training.config_load import load_config, to_yaml
-from rl_training.models import build_policy, trainable_parameters
+from rl_training.ckpt import store as ck
+from rl_training.ckpt.marker import file_records
+from rl_training.config.load import load_config, to_yaml
+from rl_training.policy.models import build_policy, trainable_parameters
+from rl_training.train.optimizer import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 # torch.load of a cuda-tagged file only fails where CUDA is missing: what these tests stage.

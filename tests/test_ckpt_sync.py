@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import ckpt_sync
-from rl_training.checkpoint import COMPLETE, list_checkpoints
-from rl_training.ckpt_sync import CheckpointSyncer, destination, resolve_target, upload
-from rl_training.config import ConfigError, SyncCfg
-from rl_training.config_load import load_config, to_yaml
+from rl_training.ckpt import upload as ckpt_sync
+from rl_training.ckpt.store import COMPLETE, list_checkpoints
+from rl_training.ckpt.upload import CheckpointSyncer, destination, upload
+from rl_training.config.load import load_config, to_yaml
+from rl_training.config.resolve import resolve_target
+from rl_training.config.schema import ConfigError, SyncCfg
 from rl_training.runners import rl_runner
 from tests.system_packages import require_debian_packages
 

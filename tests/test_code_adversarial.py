@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from rl_training.code.harness import Program, judge, judge_batch
+from rl_training.tasks.code.harness import Program, judge, judge_batch
 from tests.code_helpers import pool, sandbox_processes  # noqa: F401 -- pytest fixture
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

@@ -7,12 +7,11 @@ import json
 
 import pytest
 
-from rl_training.code.tasks import get_pool
 from rl_training.data.sources import load_examples
 from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy
 from rl_training.evaluation.pass_at_k import summarize
-from rl_training.models import load_tokenizer
-from rl_training.rewards import TASKS
+from rl_training.policy.models import load_tokenizer
+from rl_training.tasks.build import make_task
 from tests.test_eval_grading import CannedBackend
 
 PROBLEMS = [
@@ -34,9 +33,10 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
     from tests.system_packages import require_debian_packages
 
     require_debian_packages({"bwrap": "bubblewrap"})
-    get_pool()
+    task = make_task("humaneval")
+    task.start(None)
     tok = load_tokenizer(str(tiny_model))
-    exs = load_examples(str(humaneval_file), "humaneval")
+    exs = load_examples(str(humaneval_file), task.parse)
     prompts = [tok(ex.question, add_special_tokens=False).input_ids for ex in exs]
     texts = {
         # inc: 2 of 4 samples right (x + 2 fails candidate(1) == 2; while True times out), greedy right
@@ -46,7 +46,7 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
                             "def neg(x):\n    return E()\n```"],
     }  # fmt: skip
     es = EvalSettings(max_new_tokens=8, num_samples=4, ks=(1, 2), temperature=1.0, top_p=1.0, seed=0, timeout_s=2.0)
-    records, _ = evaluate_policy(CannedBackend(tok, texts), prompts, exs, TASKS["humaneval"], es)
+    records, _ = evaluate_policy(CannedBackend(tok, texts), prompts, exs, task, es)
     assert [r["num_correct"] for r in records] == [2, 0]
     assert [r["greedy"]["correct"] for r in records] == [True, False]
     m = summarize(records, es.ks)
@@ -59,15 +59,15 @@ def test_pass_at_k_of_code_samples(tiny_model, humaneval_file):
 def test_rl_runner_trains_on_a_code_format(tiny_model, tmp_path):
     """Two RL steps of the real runner on the synthetic program-synthesis task: the sandbox scores every
     rollout and the code metrics reach metrics.jsonl with the names the Task declares."""
-    from rl_training.code import COUNT_NAMES
-    from rl_training.code.synthetic import write_code_data
     from rl_training.runners import rl_runner
+    from rl_training.tasks.code import COUNT_NAMES
+    from rl_training.tasks.code.synthetic import write_code_data
     from tests.system_packages import require_debian_packages
 
     require_debian_packages({"bwrap": "bubblewrap"})
     data = write_code_data(tmp_path / "data", n_train=40, n_heldout=8)
     args = [
-        "--cfg", "cfg/testconfig.yaml", f"model.name_or_path={tiny_model}", "data.format=humaneval",
+        "--cfg", "cfg/testconfig.yaml", f"model.name_or_path={tiny_model}", "task.name=humaneval",
         f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'heldout.jsonl'}", "data.prompt_template={question}",
         f"run.output_dir={tmp_path / 'runs'}", "train.total_steps=2", "sandbox.workers=2",
     ]  # fmt: skip

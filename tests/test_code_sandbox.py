@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.code import COUNT_NAMES, check, worker
-from rl_training.code.extract import function_continuation, last_fenced_block, program_for
-from rl_training.code.harness import Program, judge_batch, same_output
+from rl_training.tasks.code import COUNT_NAMES, check, worker
+from rl_training.tasks.code.extract import function_continuation, last_fenced_block, program_for
+from rl_training.tasks.code.harness import Program, judge_batch, same_output
 from tests.code_helpers import pool, sandbox_processes  # noqa: F401 -- pytest fixture
 
 ADD = Program("def add(a, b):\n    return a + b\n", "call", tests=("assert add(1, 2) == 3", "assert add(-1, 1) == 0"))
@@ -90,7 +90,7 @@ def test_verdicts_and_failure_classes(pool):  # noqa: F811
 
 
 def test_stdio_and_mbpp_formats(pool):  # noqa: F811
-    from rl_training.code.tasks import code_example, program_of
+    from rl_training.tasks.code.task import code_example, program_of
 
     st = code_example("stdio", {"question": "sum", "inputs": ["1 2\n", "5 7\n"], "outputs": ["3\n", "12"]}, "t:1")
     good = "a, b = map(int, input().split())\nprint(a + b)\nexit(0)\n"
@@ -108,17 +108,18 @@ def test_stdio_and_mbpp_formats(pool):  # noqa: F811
 
 
 def test_code_task_through_score_completions(tmp_path):
-    from rl_training.code.tasks import get_pool
     from rl_training.data.sources import load_examples
-    from rl_training.rewards import TASKS, score_completions
+    from rl_training.tasks.base import score_completions
+    from rl_training.tasks.build import make_task
 
-    get_pool()  # bubblewrap present (the pool fixture of the other tests installs it)
+    task = make_task("mbpp")
+    task.start(None)  # bubblewrap present (the pool fixture of the other tests installs it)
     f = tmp_path / "mbpp.jsonl"
     f.write_text(json.dumps({"text": "double", "test_list": ["assert d(2) == 4", "assert d(0) == 0"]}) + "\n")
-    exs = load_examples(str(f), "mbpp")
+    exs = load_examples(str(f), task.parse)
     assert exs[0].meta["tests"] == ["assert d(2) == 4", "assert d(0) == 0"]
     comps = ["```python\ndef d(x):\n    return 2 * x\n```", "```python\ndef d(x):\n    return x + 2\n```", ""]
-    s = score_completions(TASKS["mbpp"], comps, exs * 3, 5.0)
+    s = score_completions(task, comps, exs * 3, 5.0)
     assert s.rewards == [1.0, 0.0, 0.0] and s.correct == [True, False, False] and s.formatted == [True, True, False]
     assert s.parts == {"pass_frac": [1.0, 0.5, 0.0]}  # x+2: d(2) = 4 holds, d(0) = 2 != 0
     assert set(s.counts) == set(COUNT_NAMES)
@@ -139,7 +140,7 @@ def test_batch_is_parallel_and_bounded_by_the_deadline(pool):  # noqa: F811
 
 
 def test_refuses_without_user_namespaces(monkeypatch):
-    from rl_training.code.sandbox import Pool, PoolSettings, SandboxUnavailable
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings, SandboxUnavailable
 
     # A bwrap that fails as it does where user namespaces are off, in a directory the sandbox uid can read
     # (pytest's tmp_path is private to root).
@@ -158,8 +159,8 @@ def test_refuses_without_user_namespaces(monkeypatch):
 
 
 def test_weak_mode_is_explicit_warned_and_counted(caplog):
-    from rl_training.code import tasks
-    from rl_training.code.tasks import code_example, configure, score_code_batch
+    from rl_training.tasks.code import task as tasks
+    from rl_training.tasks.code.task import code_example, configure, score_code_batch
 
     ex = code_example("mbpp", {"text": "t", "test_list": ["assert f() == 1"]}, "t:1")
     configure(workers=1, mode="weak")
@@ -191,7 +192,7 @@ def test_synthetic_task_shows_reversal_through_its_marker():
     (lengths 4-6) and 1/16 = 6% start with it, so a program must really reverse."""
     import re
 
-    from rl_training.code.synthetic import MARK, make_code_splits
+    from rl_training.tasks.code.synthetic import MARK, make_code_splits
 
     train, _ = make_code_splits(4000, 0, seed=0)
     shown = [w for p in train for w in re.findall(r"# f\('(\w+)'\)", p["prompt"])]
@@ -203,11 +204,11 @@ def test_synthetic_task_shows_reversal_through_its_marker():
 
 
 def test_synthetic_task_is_graded_on_hidden_inputs(pool):  # noqa: F811
-    """The demo's task (rl_training/code/synthetic.py) through the real scorer: each of the 12 programs'
+    """The demo's task (rl_training/tasks/code/synthetic.py) through the real scorer: each of the 12 programs'
     canonical expression passes its prompt's hidden tests; a completion that differs in one feature, or
     hard-codes the first shown example's output, fails."""
-    from rl_training.code.synthetic import PROGRAMS, make_code_splits
-    from rl_training.code.tasks import code_example, score_code_batch
+    from rl_training.tasks.code.synthetic import PROGRAMS, make_code_splits
+    from rl_training.tasks.code.task import code_example, score_code_batch
 
     train, held = make_code_splits(60, 12, seed=3)
     assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}  # disjoint splits

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.config import ConfigError, all_keys, derive
-from rl_training.config_load import check_trainable_dtype, load_config, to_yaml
-from rl_training.config_ref import reference, write_reference
+from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
+from rl_training.config.reference import reference, write_reference
+from rl_training.config.schema import ConfigError, all_keys, derive
 
 CFG_DIR = Path(__file__).resolve().parents[1] / "cfg"
 
@@ -265,7 +265,7 @@ def test_string_overrides_are_verbatim():
 
 
 def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
-    from rl_training.config_resolve import resolve_paths
+    from rl_training.config.resolve import resolve_paths
 
     monkeypatch.chdir(tmp_path)
     for d in ["models/m", "math500", "latest"]:  # 'latest' as a directory: ckpt.resume=latest is still the keyword
@@ -288,7 +288,7 @@ def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
 
 
 def test_resume_changes_compares_target_modules_as_a_set(tmp_path):
-    from rl_training.checkpoint import CheckpointError, resume_changes
+    from rl_training.ckpt.store import CheckpointError, resume_changes
 
     saved = load_config(None, ["lora.target_modules=[q_proj,v_proj]", "optim.lr=0.001"])
     (tmp_path / "config.yaml").write_text(to_yaml(saved))

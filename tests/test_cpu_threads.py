@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CODE = """
 import os, sys, torch
-from rl_training.assembly import set_cpu_threads
+from rl_training.runtime.seeding import set_cpu_threads
 allowed = sorted(os.sched_getaffinity(0))
 os.sched_setaffinity(0, set(allowed[: int(sys.argv[1])]))
 set_cpu_threads()

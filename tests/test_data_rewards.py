@@ -8,8 +8,17 @@ import time
 import pytest
 
 from rl_training.data.prompts import PromptSampler, render_prompt
-from rl_training.data.sources import DataError, Example, last_boxed, load_examples
-from rl_training.rewards import TASKS, Scores, Task, math_reward, reverse_reward, score_completions
+from rl_training.data.sources import DataError, Example, load_examples
+from rl_training.tasks.base import Scores, Task, score_completions
+from rl_training.tasks.build import make_task
+from rl_training.tasks.math import MathTask, last_boxed, math_reward
+from rl_training.tasks.reverse import ReverseTask, reverse_reward
+
+
+def parse(name: str, **args):
+    """The record parser of built-in task `name` (what load_examples reads a data file with)."""
+    return make_task(name, args).parse
+
 
 EX = Example("q", "r", "r", "t:1")
 
@@ -21,13 +30,13 @@ def write_jsonl(path, rows):
 
 def test_gsm8k_reference_strips_commas(tmp_path):
     p = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "work...\n#### 1,234"}])
-    (ex,) = load_examples(str(p), "gsm8k")
+    (ex,) = load_examples(str(p), parse("gsm8k"))
     assert ex.reference == "1234" and ex.solution.endswith("#### 1,234") and ex.source == f"{p}:1"
 
 
 def test_math_reference_is_last_boxed(tmp_path):
     p = write_jsonl(tmp_path / "m.jsonl", [{"problem": "p", "solution": r"so \boxed{2} and \boxed{\frac{1}{2}}."}])
-    (ex,) = load_examples(str(p), "math", question_key="problem", answer_key="solution")
+    (ex,) = load_examples(str(p), parse("math", question_key="problem", answer_key="solution"))
     assert ex.reference == r"\frac{1}{2}"
     assert last_boxed(r"\boxed{a{b}c}") == "a{b}c" and last_boxed("none") is None
     assert last_boxed(r"\fbox{1} then \boxed{2} then \fbox{ 3 }") == "3"  # the last of either, stripped
@@ -41,7 +50,7 @@ def test_parquet_source(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"question": ["abc"], "answer": ["cba"]}), tmp_path / "d.parquet")
-    (ex,) = load_examples(str(tmp_path / "d.parquet"), "reverse")
+    (ex,) = load_examples(str(tmp_path / "d.parquet"), parse("reverse"))
     assert (ex.question, ex.reference) == ("abc", "cba")
 
 
@@ -61,19 +70,19 @@ def test_parquet_source(tmp_path):
 def test_data_errors_name_file_and_line(tmp_path, rows, fmt, message):
     p = write_jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DataError, match=message):
-        load_examples(str(p), fmt)
+        load_examples(str(p), parse(fmt))
 
 
 def test_missing_data_file():
     with pytest.raises(DataError, match="data file not found: /no/such.jsonl"):
-        load_examples("/no/such.jsonl", "gsm8k")
+        load_examples("/no/such.jsonl", parse("gsm8k"))
 
 
 def test_corrupt_parquet_is_one_line_data_error(tmp_path):
     p = tmp_path / "d.parquet"
     p.write_bytes(b"not a parquet file")
     with pytest.raises(DataError) as e:
-        load_examples(str(p), "reverse")
+        load_examples(str(p), parse("reverse"))
     msg = str(e.value)
     assert msg.startswith(f"{p}: unreadable parquet file (ArrowInvalid: ") and "\n" not in msg
 
@@ -99,12 +108,12 @@ def test_datasets_load_errors_are_one_line(tmp_path, monkeypatch, spec, cause):
     (tmp_path / "bad" / "train.parquet").write_bytes(b"not a parquet file")
     spec = spec.format(tmp=tmp_path)
     with pytest.raises(DataError) as e:
-        load_examples(spec, "reverse")
+        load_examples(spec, parse("reverse"))
     msg = str(e.value)
     assert msg.startswith(f"data spec '{spec}' is not a local .jsonl/.json/.parquet file and `datasets` cannot")
     assert cause in msg and "\n" not in msg
     # The same directory read correctly, so the errors above are about the spec, not the machinery.
-    assert load_examples(f"{tmp_path}/ds@train", "reverse")[0].reference == "cba"
+    assert load_examples(f"{tmp_path}/ds@train", parse("reverse"))[0].reference == "cba"
 
 
 def test_render_prompt_keeps_latex_braces():
@@ -131,6 +140,12 @@ def test_repeated_questions_are_dropped_keeping_the_first():
     exs = [Example(q, a, a, f"f:{i + 1}") for i, (q, a) in enumerate([("a", "1"), ("b", "2"), ("a", "3"), ("c", "4")])]
     kept, n = dedupe_questions(exs)
     assert n == 1 and [e.source for e in kept] == ["f:1", "f:2", "f:4"]  # line 3 repeats line 1's question
+    # an environment's problem is its question and reference: one prompt text hides several secrets
+    from rl_training.tasks import Environment, Task
+
+    kept, n = dedupe_questions([*exs, exs[0]], Environment().problem_key)
+    assert n == 1 and [e.source for e in kept] == ["f:1", "f:2", "f:3", "f:4"]
+    assert dedupe_questions(exs, Task().problem_key) == dedupe_questions(exs)
 
 
 def test_sampler_rejects_tiny_dataset():
@@ -170,8 +185,12 @@ def test_math_reward(completion, reference, expected):
     assert math_reward(completion, reference) == expected
 
 
-def test_failing_reward_functions_score_zero_and_are_counted():
-    def flaky(c, r):
+class Flaky(Task):
+    """A user reward that raises, hangs, returns NaN or a string: each scores 0 and is counted."""
+
+    correct_threshold = 0.5
+
+    def reward(self, c, example):
         if c == "raise":
             raise RuntimeError("boom")
         if c == "slow":
@@ -182,23 +201,39 @@ def test_failing_reward_functions_score_zero_and_are_counted():
             return "high"
         return 0.75
 
-    task = Task(flaky, lambda c: True, correct_threshold=0.5)
+
+class Fussy(Task):
+    correct_threshold = 0.5
+
+    def reward(self, c, example):
+        return 1.0
+
+    def has_answer(self, c):
+        return c.startswith("ok") or 1 / 0
+
+
+def test_failing_reward_functions_score_zero_and_are_counted():
     t0 = time.perf_counter()
-    s = score_completions(task, ["ok", "raise", "slow", "nan", "str", "ok"], [EX] * 6, timeout_s=0.2)
+    s = score_completions(Flaky(), ["ok", "raise", "slow", "nan", "str", "ok"], [EX] * 6, timeout_s=0.2)
     assert time.perf_counter() - t0 < 2.0  # the slow call was cut at its 0.2 s limit
     assert s.rewards == [0.75, 0.0, 0.0, 0.0, 0.0, 0.75]
     assert (s.errors, s.timeouts, s.invalid) == (1, 1, 2)
     assert s.correct == [True, False, False, False, False, True]
     # A format check that raises counts the completion as unformatted and never stops the run either.
-    fussy = Task(lambda c, r: 1.0, lambda c: c.startswith("ok") or 1 / 0, correct_threshold=0.5)
-    assert score_completions(fussy, ["ok", "bad"], [EX, EX], timeout_s=0.2).formatted == [True, False]
+    assert score_completions(Fussy(), ["ok", "bad"], [EX, EX], timeout_s=0.2).formatted == [True, False]
 
 
-def test_batch_scorer_grades_the_batch_once_and_is_checked():
-    calls = []
+class BatchGraded(Task):
+    """grade() over the whole batch: one call, and what it returns is checked."""
 
-    def scorer(completions, examples, timeout_s):
-        calls.append(len(completions))
+    part_names = ("pass_frac",)
+    count_names = ("fail_syntax", "fail_timeout")
+
+    def __init__(self):
+        self.calls = []
+
+    def grade(self, completions, examples, timeout_s):
+        self.calls.append(len(completions))
         if completions[0] == "raise":
             raise RuntimeError("pool died")
         n = len(completions)
@@ -207,21 +242,17 @@ def test_batch_scorer_grades_the_batch_once_and_is_checked():
         parts = {"pass_frac": [1.0, 0.5, 0.25][:n], "extra": [9.0] * n}
         return Scores(rewards, [False] * n, [True] * n, 0, 1, 0, parts, {"fail_syntax": 2})
 
-    task = Task(
-        lambda c, r: 0.0,
-        lambda c: True,
-        batch_scorer=scorer,
-        part_names=("pass_frac",),
-        count_names=("fail_syntax", "fail_timeout"),
-    )
+
+def test_batch_grader_grades_the_batch_once_and_is_checked():
+    task = BatchGraded()
     exs = [Example("q", "r", "r", "t:1", meta={"tests": ["assert f(1) == 1"]})] * 3
     s = score_completions(task, ["a", "b", "c"], exs, timeout_s=1.0)
-    assert calls == [3]  # one call for the batch
+    assert task.calls == [3]  # one call for the batch
     assert s.rewards == [1.0, 0.0, 0.25] and s.invalid == 1 and s.timeouts == 1  # nan -> 0, counted
-    assert s.correct == [True, False, False]  # the task's threshold (1.0), not the scorer's verdicts
+    assert s.correct == [True, False, False]  # the task's threshold (1.0), not the grader's verdicts
     assert s.parts == {"pass_frac": [1.0, 0.5, 0.25]}
     assert s.counts == {"fail_syntax": 2.0, "fail_timeout": 0.0}
-    # A raising scorer: every completion 0 and counted, with the declared names still present (zeros), so
+    # A raising grader: every completion 0 and counted, with the declared names still present (zeros), so
     # every rank reduces the same metric keys.
     s = score_completions(task, ["raise", "b"], exs[:2], timeout_s=1.0)
     assert s.rewards == [0.0, 0.0] and s.errors == 2
@@ -230,5 +261,10 @@ def test_batch_scorer_grades_the_batch_once_and_is_checked():
         score_completions(task, ["a", "b", "c"], exs[:2], timeout_s=1.0)
 
 
-def test_tasks_share_one_grader_table():
-    assert TASKS["gsm8k"].reward is math_reward and TASKS["reverse"].reward is reverse_reward
+def test_builtin_tasks_grade_with_the_pure_graders():
+    # math: a boxed 72 against '#### 72' (reference 72) is 1 by math_reward; reverse: 2 of 3 positions
+    gsm, rev = make_task("gsm8k"), make_task("reverse")
+    assert isinstance(gsm, MathTask) and isinstance(rev, ReverseTask)
+    (ex,) = [gsm.parse({"question": "q", "answer": "#### 72"}, "f:1")]
+    assert gsm.reward(r"\boxed{72}", ex) == math_reward(r"\boxed{72}", "72") == 1.0
+    assert rev.reward("cbx", Example("abc", "cba")) == reverse_reward("cbx", "cba") == pytest.approx(2 / 3)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rl_training.models import trainable_parameters
+from rl_training.policy.models import trainable_parameters
 from tests import ddp_worker
 from tests.helpers import lora_policy
 from tests.test_probe_capture import backward, flat_grad, one_micro_batch
@@ -82,7 +82,7 @@ def test_t3_two_rank_raw_estimates_match_single_process(tiny_model, tmp_path, dr
 def single_process_probes(model, ro, adv):
     from rl_training.algs.objectives import StepNorm
     from rl_training.probes.probe import StepProbes
-    from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
     from tests.helpers import G
 
     params = trainable_parameters(model)

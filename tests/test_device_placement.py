@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rl_training.algs.objectives import OBJECTIVES, StepNorm
-from rl_training.trainer import DeviceStats, UpdateHParams, make_micro_batches, step_advantages, train_on_rollouts
+from rl_training.train.update import DeviceStats, UpdateHParams, make_micro_batches, step_advantages, train_on_rollouts
 from tests.helpers import G, fake_rollouts
 
 DEVICE = torch.device("meta")

@@ -1,14 +1,19 @@
-"""The multi-turn episode engine (rollout/episodes.py): exact tokens and masks of scripted episodes, budgets,
-one batched retrieval per turn, and the real backends (HF; vLLM on CPU, slow) running episodes turn by turn."""
+"""The multi-turn episode engine (rollout/episodes.py) with the search environment (tasks/search/task.py): exact
+tokens and masks of scripted episodes, budgets, one batched retrieval per turn, and the real HF backend running
+episodes turn by turn."""
 
 from __future__ import annotations
 
 import pytest
 
+from rl_training.config.schema import SearchCfg
+from rl_training.data.sources import Example
+from rl_training.policy.tiny_model import build_tokenizer
 from rl_training.rollout.base import SamplingSpec
-from rl_training.rollout.episodes import INVALID_ACTION, EpisodeSpec, TurnSample, parse_action, run_episodes, turn_end
-from rl_training.search.retriever import Passage, RetrievalResult, information_block
-from rl_training.tiny_model import build_tokenizer
+from rl_training.rollout.episodes import EpisodeSpec, TurnSample, turn_end
+from rl_training.rollout.episodes import run_episodes as engine
+from rl_training.tasks.search.retriever import Passage, RetrievalResult, information_block
+from rl_training.tasks.search.task import INVALID_ACTION, SearchTask, parse_action
 
 TOK = build_tokenizer()  # byte-level: one token per ASCII character
 EOS = TOK.eos_token_id
@@ -54,6 +59,19 @@ class KeyRetriever:
 
 
 SPEC = SamplingSpec(n=1, max_new_tokens=0, seed=7)
+STOP = ("</search>", "</answer>")
+
+
+def search_env(retriever) -> SearchTask:
+    """The search environment with `retriever` in place of the one start() would build from search.*."""
+    env = SearchTask(SearchCfg(topk=3))
+    env.retriever = retriever
+    return env
+
+
+def run_episodes(gen, retriever, tok, prompts, spec, es):
+    """The engine on the search environment; the problems do not matter to it (it resets no state from them)."""
+    return engine(gen, search_env(retriever), tok, prompts, [Example("q")] * len(prompts), spec, es)
 
 
 def test_scripted_episode_exact_tokens_masks_and_contexts():
@@ -65,7 +83,7 @@ def test_scripted_episode_exact_tokens_masks_and_contexts():
         ]
     )
     ret = KeyRetriever()
-    es = EpisodeSpec(max_turns=4, max_tokens_per_turn=5 + 20, max_response_tokens=1000, max_obs_tokens=400, topk=3)
+    es = EpisodeSpec(max_turns=4, max_tokens_per_turn=5 + 20, max_response_tokens=1000, max_obs_tokens=400, stop=STOP)
     gen.script[0][1] = "hello" + "x" * 20  # 25 tokens: exactly the per-turn cap, no action -> invalid
     ro = run_episodes(gen, ret, TOK, [prompt, prompt], SamplingSpec(n=1, max_new_tokens=0, seed=7), es)
     s1, obs1 = enc("<search>bazo</search>"), enc(information_block([Passage("0", "bazo\nbazo code 417")]))
@@ -129,7 +147,7 @@ def test_failed_retrieval_is_an_observation_and_a_count():
     gen = ScriptedGen([["<search>dead</search>", "<search>bazo</search>"], ["<answer>x</answer>"] * 2])
     ro = run_episodes(gen, KeyRetriever(), TOK, [enc("q\n")] * 2, SPEC, EpisodeSpec(4, 30, 1000, 400))
     assert TOK.decode(ro.completion_ids[0]).count("<information>Search failed: connection refused</information>") == 1
-    assert ro.retrieval.queries == 2 and ro.retrieval.failed == 1
+    assert ro.env_stats.queries == 2 and ro.env_stats.failed == 1
     assert ro.episodes[0]["answered"] and ro.episodes[1]["answered"]
 
 
@@ -154,15 +172,15 @@ def test_hf_backend_runs_episodes(tiny_model):
     chain, and the log-probs are the sampler's."""
     import torch
 
-    from rl_training.config import ModelCfg
-    from rl_training.models import load_base_model, load_tokenizer
+    from rl_training.config.schema import ModelCfg
+    from rl_training.policy.models import load_base_model, load_tokenizer
     from rl_training.rollout.hf import HFBackend
 
     tok = load_tokenizer(str(tiny_model))
     model = load_base_model(ModelCfg(name_or_path=str(tiny_model), dtype="float32"), torch.device("cpu"))
     backend = HFBackend(model, tok)
     # A random model rarely writes a stop string: the stop set holds single characters to force it.
-    es = EpisodeSpec(3, 12, 200, 50, 3, ("a", "e"))
+    es = EpisodeSpec(3, 12, 200, 50, ("a", "e"))
     ro = run_episodes(backend, KeyRetriever(), tok, [enc("code of bazo?\n")] * 2, SamplingSpec(2, 0, seed=3), es)
     assert len(ro) == 4
     for i in range(4):
@@ -181,9 +199,9 @@ def test_hf_backend_runs_episodes(tiny_model):
 def test_episode_metrics_values():
     """Two episodes: (2 turns, 1 search, answered, 30 observation tokens) and (3 turns, 1 invalid, truncated by
     turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8; per-turn canary turn 1: 0.2 / 4 tokens."""
-    from rl_training.episode_metrics import episode_metrics
+    from rl_training.metrics.episode import episode_metrics
     from rl_training.rollout.base import Rollouts
-    from rl_training.search.retriever import RetrievalStats
+    from rl_training.tasks.search.retriever import RetrievalStats
 
     e1 = {"turns": 2, "searches": 1, "invalid": 0, "answered": True, "obs_tokens": 30, "obs_capped": 0}
     e2 = {"turns": 3, "searches": 0, "invalid": 1, "answered": False, "obs_tokens": 10, "obs_capped": 1}
@@ -191,9 +209,10 @@ def test_episode_metrics_values():
     ro = Rollouts(
         [[1], [1]], [[5] * 6, [5] * 4], [[0.0] * 6, [0.0] * 4], [False, True], ["", ""],
         loss_mask=[[1, 1, 0, 0, 1, 1], [1, 0, 1, 1]], turn_index=[[1, 1, 0, 0, 2, 2], [1, 0, 2, 2]],
-        episodes=[{**e1, "truncated": ""}, {**e2, "truncated": "turns"}], retrieval=stats,
+        episodes=[{**e1, "truncated": ""}, {**e2, "truncated": "turns"}], env_stats=stats,
     )  # fmt: skip
-    m = episode_metrics(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, torch_device())
+    env = SearchTask(SearchCfg())
+    m = episode_metrics(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, torch_device(), env)
     assert m["rollout/turns_mean"] == 2.5 and m["rollout/searches_mean"] == 0.5
     assert m["rollout/valid_action_rate"] == 0.8 and m["rollout/answer_rate"] == 0.5
     assert m["rollout/truncated_turns_rate"] == 0.5 and m["rollout/truncated_tokens_rate"] == 0.0
@@ -203,7 +222,7 @@ def test_episode_metrics_values():
     assert "rollout/logp_diff_turn3" not in m
     assert m["retrieval/queries"] == 1.0 and m["retrieval/latency_p50_ms"] == pytest.approx(2.0)
     single = Rollouts([[1]], [[5]], [[0.0]], [False], [""])
-    assert episode_metrics(single, {}, torch_device()) == {}
+    assert episode_metrics(single, {}, torch_device(), env) == {}
 
 
 def torch_device():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.runners import rl_runner
 
@@ -26,7 +26,7 @@ SMALL = ["vllm.kv_cache_gb=0.1", "rollout.prompts_per_step=4", "rollout.group_si
 
 @pytest.fixture(scope="module")
 def search_data(tmp_path_factory) -> Path:
-    from rl_training.search.synthetic import write_search_data
+    from rl_training.tasks.search.synthetic import write_search_data
 
     return write_search_data(tmp_path_factory.mktemp("search") / "s1", n_train_keys=60, n_heldout_keys=20, topk=1)
 
@@ -98,7 +98,7 @@ def test_real_episodes_chain_contexts_and_never_train_on_observations(search_run
     monkeypatch.setattr(engine, "generate_turn", recording)
     prompts = search_run.prompts[:8]
     # greedy: the briefly trained model's argmax episodes search (its samples at T=1 mostly do not yet)
-    ro = backend.generate(prompts, SamplingSpec(n=1, max_new_tokens=0, greedy=True))
+    ro = backend.generate(prompts, SamplingSpec(n=1, max_new_tokens=0, greedy=True), search_run.examples[:8])
     eps = ro.episodes
     assert sum(e["searches"] for e in eps) > 0 and max(e["turns"] for e in eps) >= 2
     for i in range(len(ro)):

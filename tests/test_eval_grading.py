@@ -1,4 +1,4 @@
-"""The graders evals and training share (rl_training/rewards.py) on edge cases and data files, and one grader and
+"""The graders evals and training share (rl_training/tasks/math.py) on edge cases and data files, and one grader and
 one prompt template for training, the in-loop eval and evals.run."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.data.sources import load_examples
 from rl_training.evaluation.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set
-from rl_training.rewards import TASKS, math_answer_classes, math_has_answer, math_reward
 from rl_training.rollout.base import Rollouts
 from rl_training.runners import rl_runner
+from rl_training.tasks.build import make_task
+from rl_training.tasks.math import math_answer_classes, math_has_answer, math_reward
 
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
@@ -115,15 +116,16 @@ def test_format_check_and_answer_classes():
     # votes use the graded answer too: the last box (7, not {5, 7}), the number before a unit word
     texts = [r"\boxed{5}. Wait: \boxed{7}", "#### 7", r"\boxed{7 dollars}", r"\boxed{5}"]
     assert math_answer_classes(texts) == [0, 0, 0, 1]
-    assert TASKS["reverse"].answer_classes([" ab", "ab ", "", "ba"], 1.0) == [0, 0, None, 1]
+    assert make_task("reverse").answer_classes([" ab", "ab ", "", "ba"], 1.0) == [0, 0, None, 1]
 
 
 def test_gsm8k_and_math500_files(tmp_path, monkeypatch):
-    gsm = load_examples(str(GSM8K), "gsm8k")
+    gsm = load_examples(str(GSM8K), make_task("gsm8k").parse)
     assert [e.reference for e in gsm] == ["18", "3", "1234", "13.5"]  # '#### 1,234' -> '1234'
     # MATH-500's `answer` field is taken as it is; the `solution` field gives its last \boxed: the same answer.
-    by_answer = load_examples(str(MATH500), "math", "problem", "answer")
-    by_solution = load_examples(str(MATH500), "math", "problem", "solution")
+    by_answer = load_examples(str(MATH500), make_task("math", {"question_key": "problem"}).parse)
+    solution = make_task("math", {"question_key": "problem", "answer_key": "solution"})
+    by_solution = load_examples(str(MATH500), solution.parse)
     assert [e.reference for e in by_answer] == [e.reference for e in by_solution]
     assert by_answer[0].reference == r"\left( 3, \frac{\pi}{2} \right)"
     for e in by_answer:
@@ -134,7 +136,7 @@ def test_gsm8k_and_math500_files(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
     (tmp_path / "math500").mkdir()
     shutil.copy(MATH500, tmp_path / "math500" / "test.jsonl")
-    hub = load_examples(f"{tmp_path / 'math500'}@test", "math", "problem", "answer")
+    hub = load_examples(f"{tmp_path / 'math500'}@test", make_task("math", {"question_key": "problem"}).parse)
     assert [e.reference for e in hub] == [e.reference for e in by_answer]
 
 
@@ -148,7 +150,7 @@ class CannedBackend:
         self.tok, self.texts = tokenizer, texts_by_prompt
         self.seen: list[list[int]] = []
 
-    def generate(self, prompts, spec):
+    def generate(self, prompts, spec, examples=None):
         self.seen += prompts
         texts = [self.texts[tuple(p)][j % len(self.texts[tuple(p)])] for p in prompts for j in range(spec.n)]
         ids = [[*self.tok(t, add_special_tokens=False).input_ids, self.tok.eos_token_id] for t in texts]
@@ -174,7 +176,7 @@ class CannedBackend:
 def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypatch):
     """The training step and the eval see the same prompt ids for a question and give a completion the same
     reward, correctness and format verdict."""
-    data = [f"data.train={GSM8K}", f"data.eval={GSM8K}", "data.format=gsm8k", "data.max_prompt_tokens=512"]
+    data = [f"data.train={GSM8K}", f"data.eval={GSM8K}", "task.name=gsm8k", "data.max_prompt_tokens=512"]
     cfg = load_config(TESTCFG, [*run_overrides, *data, "data.prompt_template=Q: {question}\nA:"])
     run = rl_runner.setup(cfg, dist.init_distributed())
     try:
@@ -197,10 +199,10 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
 
         canned.seen = []
         # The prompts as evals.run and the in-loop eval build them, not re-encoded here.
-        examples, eval_prompts = load_eval_set(cfg, run.tokenizer)
-        assert InLoopEval(cfg, run.tokenizer, run.info, run.derived.run_dir).prompts == eval_prompts
+        examples, eval_prompts = load_eval_set(cfg, run.tokenizer, run.task)
+        assert InLoopEval(cfg, run.tokenizer, run.info, run.derived.run_dir, run.task).prompts == eval_prompts
         es = EvalSettings.from_config(load_config(None, ["eval.num_samples=6", "eval.ks=[1]"]))
-        records, _ = evaluate_policy(canned, eval_prompts, examples, TASKS["gsm8k"], es)
+        records, _ = evaluate_policy(canned, eval_prompts, examples, run.task, es)
         assert len(examples) == 4 and all(tuple(p) in {tuple(q) for q in run.prompts} for p in canned.seen)
         assert {tuple(p) for p in train_prompts} <= {tuple(p) for p in canned.seen}  # one template
         in_eval = {

@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
 from rl_training.evaluation.pass_at_k import maj_at_k, pass_at_k, summarize
 from tests.enumeration import maj_by_enumeration, pass_by_enumeration
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training.config_load import load_config
+from rl_training.config.load import load_config
 from rl_training.evaluation.evaluate import read_problems
 from rl_training.evaluation.pass_at_k import summarize
-from rl_training.rewards import reverse_reward
 from rl_training.runners import rl_runner
+from rl_training.tasks.reverse import reverse_reward
 from tests.enumeration import maj_by_enumeration, pass_by_enumeration
 from tests.launch import RL_RUNNER, read_metrics, torchrun_cmd
 
@@ -35,7 +35,7 @@ def test_step0_is_exactly_the_base_model(run_overrides, warm_model):
     from transformers import AutoModelForCausalLM
 
     from evals.run import zero_adapter
-    from rl_training.models import build_policy
+    from rl_training.policy.models import build_policy
     from rl_training.rollout.base import SamplingSpec
     from rl_training.rollout.hf import HFBackend
 
@@ -60,8 +60,8 @@ def test_step0_is_exactly_the_base_model(run_overrides, warm_model):
 def test_load_adapter_rejects_what_does_not_fit(run_overrides, tmp_path):
     from safetensors.torch import save_file
 
-    from rl_training.checkpoint import CheckpointError, load_adapter
-    from rl_training.models import build_policy
+    from rl_training.ckpt.store import CheckpointError, load_adapter
+    from rl_training.policy.models import build_policy
 
     cfg = load_config(TESTCFG, run_overrides)
     _, policy = build_policy(cfg, torch.device("cpu"))
@@ -183,7 +183,7 @@ def fake_checkpoint(run_dir: Path, step: int, config: str | bytes) -> None:
 
 def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
     from evals.run import usable_targets
-    from rl_training.config_load import to_yaml
+    from rl_training.config.load import to_yaml
 
     a, b = (to_yaml(load_config(None, [f"model.name_or_path=/models/{m}", "rollout.backend=hf"])) for m in "ab")
     for step, text in [(1, b), (2, a), (3, a), (4, ""), (5, b"model:\n  name_or_path: caf\xe9\n")]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.runners import rl_runner
 from tests.launch import RL_RUNNER, torchrun_cmd
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rl_training import dist, step_metrics
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
-from rl_training.models import ModelLoadError, check_attn_implementation
+from rl_training.base import dist
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
+from rl_training.metrics import step as step_metrics
+from rl_training.policy.models import ModelLoadError, check_attn_implementation
 from rl_training.rollout.vllm_engine import SEED_BITS, completion_seeds
 from tests.test_ddp import free_port
 

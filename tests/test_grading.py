@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.rewards import TASKS, Task, math_reward, normalise_answer
+from rl_training.tasks.build import BUILTIN
+from rl_training.tasks.math import math_reward, normalise_answer
+from rl_training.tasks.reverse import ReverseTask
 
 REPO = Path(__file__).resolve().parents[1]
 NNBSP = "\u202f"  # narrow no-break space: the SI thousands separator
@@ -164,32 +166,32 @@ def test_normalisation_is_idempotent_and_symmetric(completion, reference, expect
 
 
 # ------------------------------------------------------------------------------------- one grader everywhere
-def test_only_rewards_imports_math_verify():
-    """Nothing but rl_training/rewards.py grades math: no second grader can drift from it."""
+def test_only_the_math_task_imports_math_verify():
+    """Nothing but rl_training/tasks/math.py grades math: no second grader can drift from it."""
     users = [
         p.relative_to(REPO).as_posix()
         for d in ("rl_training", "evals", "scripts")
         for p in (REPO / d).rglob("*.py")
         if "math_verify" in p.read_text()
     ]
-    assert users == ["rl_training/rewards.py"]
+    assert users == ["rl_training/tasks/math.py"]
 
 
 def test_training_inloop_eval_and_evals_run_call_the_one_grader(run_overrides, monkeypatch, tmp_path):
-    """A spy in TASKS sees the calls of each path: the training step, the in-loop eval and evals.run all look
-    their grader up in the one table (the synthetic task here: the tiny model speaks it)."""
+    """A spy built in place of the reverse task sees the calls of each path: the training step, the in-loop eval
+    and evals.run all get their grader from the one builder (the synthetic task here: the tiny model speaks it)."""
     from evals import run as evals_run
     from rl_training.runners import rl_runner
 
-    real = TASKS["reverse"]
     callers: set[str] = set()
 
-    def spy(completion: str, reference: str) -> float:
-        names = {f.frame.f_code.co_qualname for f in inspect.stack()[1:12]}
-        callers.update(names & {"rl_step", "InLoopEval.__call__", "run_evals"})
-        return real.reward(completion, reference)
+    class Spy(ReverseTask):
+        def reward(self, completion, example):
+            names = {f.frame.f_code.co_qualname for f in inspect.stack()[1:12]}
+            callers.update(names & {"rl_step", "InLoopEval.__call__", "run_evals"})
+            return super().reward(completion, example)
 
-    monkeypatch.setitem(TASKS, "reverse", Task(spy, real.has_answer, real.correct_threshold, real.answer_classes))
+    monkeypatch.setitem(BUILTIN, "reverse", lambda cfg, args: Spy(cfg.data.question_key, cfg.data.answer_key))
     over = [*run_overrides, "train.total_steps=1", "ckpt.every=1", "eval.every=1", "eval.num_prompts=4"]
     over += ["eval.num_samples=2", "eval.ks=[1,2]"]
     assert rl_runner.main(["--cfg", str(REPO / "cfg" / "testconfig.yaml"), *over]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
-from rl_training.models import ModelLoadError
+from rl_training.policy.models import ModelLoadError
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend, seeded
 

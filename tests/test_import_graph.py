@@ -15,17 +15,29 @@ PACKAGES = ("rl_training", "evals")
 
 # Deferred imports (inside a function) that close a cycle, kept on purpose until their module is split: each
 # names the module that imports, the one it imports, and why. The test fails when one disappears from the
-# source, so this list cannot go stale.
-DEFERRED_BACK_EDGES = {
-    # the sandbox pool is started only for code data formats; code.tasks imports the package's names
-    ("rl_training.code", "rl_training.code.tasks"),
-    # code examples are built by the code package, which imports data.sources for Example/DataError
-    ("rl_training.data.sources", "rl_training.code.tasks"),
-    # the code Task's batch scorer runs in the sandbox pool, whose side imports rewards.Scores
-    ("rl_training.rewards", "rl_training.code.tasks"),
-    # the weight publisher is built by the server backend; server_sync imports its ServerClient
-    ("rl_training.rollout.server", "rl_training.rollout.server_sync"),
-}
+# source, so this list cannot go stale. (Empty since the package layout: keep it so.)
+DEFERRED_BACK_EDGES: set[tuple[str, str]] = set()
+
+# The packages of rl_training, lowest first: a package imports only packages before it in this list (and
+# itself); `rl_training`'s own top-level modules (command shims) sit at the top with the runners, and `evals`
+# above everything. One line per package: its job.
+LAYERS = (
+    "base",  # dist, errors, exit codes, fault points, the phase timer: imports nothing of ours
+    "algs",  # advantages, objectives, losses: pure math
+    "config",  # the schema, loading, resolution (objective clips from algs), the generated reference
+    "runtime",  # a command's process: cli, run lock, lifeline, stop signals, platform check, seeding
+    "data",  # records from files and datasets, Example, prompts and the sampler, gold episodes
+    "policy",  # model + LoRA build, merged weights, the tiny model
+    "ckpt",  # checkpoint store, completion marker, resume choice, background upload
+    "tasks",  # the Task / Environment interface, its builder, and the families: math, reverse, search, code
+    "probes",  # gradient noise scale and effective sample size
+    "rollout",  # backends (vLLM, HF, servers), the generic episode engine, async queue
+    "train",  # micro-batches, packing, the update, step guard, optimizer
+    "metrics",  # step and episode metrics, logger, samples, W&B, progress
+    "evaluation",  # the eval library: one policy on held-out problems, pass@k / maj@k
+    "cluster",  # SLURM launch and per-node servers
+    "runners",  # the commands: RL, SFT, synthesize, monitor
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -163,6 +175,49 @@ def third_party_top_level() -> list[str]:
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 names.add(node.module.split(".")[0])
     return sorted(names - set(PACKAGES) - set(sys.stdlib_module_names) - {"__future__"})
+
+
+def package_of(module: str) -> str:
+    """'rl_training.tasks.code.task' -> 'tasks'; a top-level module of rl_training -> 'runners' (command shims);
+    anything under evals -> 'evals'."""
+    parts = module.split(".")
+    if parts[0] == "evals":
+        return "evals"
+    if len(parts) == 1:
+        return "rl_training"
+    return parts[1] if parts[1] in LAYERS else "runners"
+
+
+def test_packages_depend_downward_only():
+    """Every import between two packages goes from a later package of LAYERS to an earlier one, deferred
+    imports included: no package cycle, and a package's place in the list says what it may use."""
+    rank = {p: i for i, p in enumerate(LAYERS)} | {"evals": len(LAYERS), "rl_training": -1}
+    graph = import_graph()
+    found = {
+        m.split(".")[1]
+        for m in graph
+        if m.startswith("rl_training.") and (ROOT / "rl_training" / m.split(".")[1]).is_dir()
+    }
+    assert found == set(LAYERS), f"packages not in LAYERS (or LAYERS names a missing one): {found ^ set(LAYERS)}"
+    up = sorted(
+        (m, t)
+        for m, deps in graph.items()
+        for t in deps
+        if package_of(m) != package_of(t) and rank[package_of(t)] > rank[package_of(m)]
+    )
+    assert not up, "imports against the package order (tests/test_import_graph.py LAYERS): " + ", ".join(
+        f"{m} -> {t}" for m, t in up
+    )
+    pkg_edges: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        pkg_edges.setdefault(package_of(m), set()).update(package_of(t) for t in deps if package_of(t) != package_of(m))
+    assert find_cycle(pkg_edges) is None
+
+
+def test_the_top_level_of_rl_training_holds_packages():
+    """At most 6 top-level modules (today: __init__ and the two command shims); everything else in a package."""
+    modules = sorted(p.name for p in (ROOT / "rl_training").glob("*.py"))
+    assert modules == ["__init__.py", "monitor.py", "synthesize.py"]
 
 
 def test_every_module_imports_alone():

@@ -1,11 +1,11 @@
-"""The batched LoRA merge (rl_training/lora_merge.py) equals peft's per-layer W + get_delta_weight."""
+"""The batched LoRA merge (rl_training/policy/lora_merge.py) equals peft's per-layer W + get_delta_weight."""
 
 from __future__ import annotations
 
 import torch
 
-from rl_training.lora_merge import merged_weights
-from rl_training.models import merged_hf_weights
+from rl_training.policy.lora_merge import merged_weights
+from rl_training.policy.models import merged_hf_weights
 from tests.helpers import lora_policy
 
 
@@ -22,7 +22,7 @@ def test_batched_merge_equals_peft_per_layer(tiny_model, monkeypatch):
         torch.testing.assert_close(got[name], want, rtol=1e-12, atol=1e-14)
     # above BATCH_BYTES: {} and merged_hf_weights merges lazily, to the same values
     batched = dict(merged_hf_weights(model))
-    monkeypatch.setattr("rl_training.lora_merge.BATCH_BYTES", 0)
+    monkeypatch.setattr("rl_training.policy.lora_merge.BATCH_BYTES", 0)
     assert merged_weights(layers, "default") == {}
     lazy = dict(merged_hf_weights(model))
     assert batched.keys() == lazy.keys()

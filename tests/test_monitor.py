@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl_training import monitor
-from rl_training.runners import rl_runner
+from rl_training.runners import monitor, rl_runner
 from tests.wandb_records import history
 
 REPO = Path(__file__).resolve().parents[1]

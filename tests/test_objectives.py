@@ -22,11 +22,11 @@ from rl_training.algs.objectives import (
     leave_one_out_advantages,
     policy_loss,
 )
-from rl_training.rewards import Scores
+from rl_training.base.timer import PhaseTimer
+from rl_training.metrics.step import step_metrics
 from rl_training.runners import rl_runner
-from rl_training.step_metrics import step_metrics
-from rl_training.timer import PhaseTimer
-from rl_training.trainer import TrainStats, make_micro_batches, step_advantages
+from rl_training.tasks.base import Scores
+from rl_training.train.update import TrainStats, make_micro_batches, step_advantages
 from tests.helpers import fake_rollouts, grads_after, lora_policy
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Padding-free micro-batches (rl_training/packing.py): the layout itself, and the packed computation equal to the
+"""Padding-free micro-batches (rl_training/train/packing.py): the layout itself, and the packed computation equal to the
 padded one on the real tiny model in float64 (log-probs, loss, entropy, KL, gradients, per-group probe norms)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
-from rl_training.models import trainable_parameters
-from rl_training.packing import first_fit_rows, pack_sequences, padded_tokens
+from rl_training.policy.models import trainable_parameters
 from rl_training.probes.capture import LoraUnitCapture
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import forward_logits, make_micro_batches
+from rl_training.train.packing import first_fit_rows, pack_sequences, padded_tokens
+from rl_training.train.update import forward_logits, make_micro_batches
 from tests.helpers import G, grads_after, lora_policy
 
 CPU = torch.device("cpu")

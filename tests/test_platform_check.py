@@ -1,4 +1,4 @@
-"""The GPU-platform guard (rl_training/platform_check.py) with fake nvidia-smi binaries on PATH: a CPU torch,
+"""The GPU-platform guard (rl_training/runtime/platform_check.py) with fake nvidia-smi binaries on PATH: a CPU torch,
 an old driver or hidden GPUs on a GPU machine stop the runners with one line; a CPU machine runs as before."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training import platform_check as pc
 from rl_training.runners import sft_runner
+from rl_training.runtime import platform_check as pc
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3, 570.86.15"

@@ -12,14 +12,14 @@ import torch
 
 from rl_training.algs.common import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
-from rl_training.models import trainable_parameters
+from rl_training.policy.models import trainable_parameters
 from rl_training.probes import ess as ess_math
 from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 from rl_training.probes.probe import StepProbes
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
+from rl_training.train.update import UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
 from tests.helpers import G, fake_rollouts, lora_policy
 
 N_GROUPS = 4

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rl_training import dist
+from rl_training.base import dist
 from rl_training.probes.dashboard import ESS_WARN
 from rl_training.probes.probe import StepProbes
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from rl_training import progress
-from rl_training.progress import LineProgress, NullProgress, make_progress
+from rl_training.metrics import progress
+from rl_training.metrics.progress import LineProgress, NullProgress, make_progress
 
 
 def test_lines_every_n_seconds_and_at_the_end(monkeypatch):

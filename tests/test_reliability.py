@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rl_training import run_lock
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
-from rl_training.run_lock import RunLock, RunLockError
-from rl_training.step_guard import nonfinite_agreed
-from rl_training.step_metrics import MetricsLogger, MetricsWriteError
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
+from rl_training.metrics.step import MetricsLogger, MetricsWriteError
+from rl_training.runtime import lock as run_lock
+from rl_training.runtime.lock import RunLock, RunLockError
+from rl_training.train.step_guard import nonfinite_agreed
 from tests.helpers import G, fake_rollouts, lora_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,8 +75,8 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path):
 
 def test_lock_goes_with_a_killed_process(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from rl_training.run_lock import RunLock; RunLock({str(tmp_path)!r}, 'x').acquire(); "
-         "print('held', flush=True); import time; time.sleep(60)"],
+        [sys.executable, "-c", "from rl_training.runtime.lock import RunLock; "
+         f"RunLock({str(tmp_path)!r}, 'x').acquire(); print('held', flush=True); import time; time.sleep(60)"],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -161,8 +161,8 @@ def test_a_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
 def _update(model, poison: bool, max_grad_norm: float = 1.0):
     """One AdamW update of the tiny LoRA policy on fake rollouts; `poison` turns this rank's gradient to NaN."""
     from rl_training.algs.objectives import StepNorm
-    from rl_training.models import trainable_parameters
-    from rl_training.trainer import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.policy.models import trainable_parameters
+    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
 
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=1e-2)
@@ -263,10 +263,10 @@ def test_sft_skips_a_non_finite_step(tiny_model, reverse_data, tmp_path, monkeyp
 
 def test_a_native_crash_in_a_runner_prints_every_threads_python_stack():
     """A rank that dies in native code (SIGSEGV, SIGABRT: "terminate called ...") leaves only the signal in the
-    launcher's log unless the runner enabled faulthandler (rl_training/cli.py): then its stderr holds the
+    launcher's log unless the runner enabled faulthandler (rl_training/runtime/cli.py): then its stderr holds the
     Python stack of every thread at the crash, here the body that called abort()."""
     code = (
-        "import os, sys\nfrom rl_training.cli import run_cli\n"
+        "import os, sys\nfrom rl_training.runtime.cli import run_cli\n"
         "def body_that_aborts(cfg, info):\n    os.abort()\n"
         "sys.exit(run_cli('doc', body_that_aborts, ['--cfg', 'cfg/testconfig.yaml']))\n"
     )

@@ -1,9 +1,9 @@
 """Runs killed with SIGKILL, then resumed with ckpt.resume=latest, log exactly what an uninterrupted run logs.
 
-Kills come two ways: named kill points (RL_FAULT_KILL, rl_training/faults.py) inside the windows a crash can
+Kills come two ways: named kill points (RL_FAULT_KILL, rl_training/base/faults.py) inside the windows a crash can
 hurt (mid-way through a metrics line, between a line and the checkpoint that covers it, inside a checkpoint
 save), and kill -9 at random moments of the torchrun agent (the launcher: its workers must die with it,
-rl_training/lifeline.py) or of one worker. The random seed is printed; RL_FAULT_SEED replays a sequence.
+rl_training/runtime/lifeline.py) or of one worker. The random seed is printed; RL_FAULT_SEED replays a sequence.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.checkpoint import list_checkpoints
+from rl_training.ckpt.store import list_checkpoints
 from tests.launch import torchrun_cmd
 
 pytestmark = pytest.mark.slow

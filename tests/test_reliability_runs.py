@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rl_training import checkpoint
-from rl_training.checkpoint import list_checkpoints, validate_checkpoint
+from rl_training.ckpt import store as checkpoint
+from rl_training.ckpt.store import list_checkpoints, validate_checkpoint
 from rl_training.runners import rl_runner
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_training.checkpoint import COMPLETE, list_checkpoints
+from rl_training.ckpt.store import COMPLETE, list_checkpoints
 from rl_training.runners import rl_runner
 from tests.launch import RL_RUNNER, torchrun_cmd
 
@@ -254,8 +254,8 @@ def test_adapter_checkpoint_loads_in_peft(run_overrides, tmp_path, warm_model):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config_load import load_config
-    from rl_training.models import build_policy
+    from rl_training.config.load import load_config
+    from rl_training.policy.models import build_policy
 
     assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "train.total_steps=2", "optim.lr=0.05"]) == 0
     ck = tmp_path / "runs" / "testconfig" / "checkpoints" / "step_000002"

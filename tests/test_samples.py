@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rl_training.samples import SampleWriter, choose, markdown, sample_record
+from rl_training.metrics.samples import SampleWriter, choose, markdown, sample_record
 
 
 def rec(step: int, row: int = 0, reward: float = 0.5, text: str = "x") -> dict:

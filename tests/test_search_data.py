@@ -12,13 +12,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rl_training.config_load import load_config
+from rl_training.config.load import load_config
+from rl_training.config.schema import SearchCfg
 from rl_training.data.sources import DataError, Example, load_examples
-from rl_training.rewards import TASKS, score_completions, search_task
-from rl_training.search.bm25 import BM25Retriever
-from rl_training.search.retriever import information_block, load_corpus
-from rl_training.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
-from rl_training.search.synthetic import write_search_data
+from rl_training.tasks.base import score_completions
+from rl_training.tasks.build import build_task, make_task
+from rl_training.tasks.search.bm25 import BM25Retriever
+from rl_training.tasks.search.retriever import information_block, load_corpus
+from rl_training.tasks.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
+from rl_training.tasks.search.synthetic import write_search_data
+from rl_training.tasks.search.task import SearchTask
+
+SEARCH, SUBEM = make_task("search"), make_task("search_subem")
 
 # Search-R1's instruction (scripts/data_process/nq_search.py, template 'base'), as its rows carry it.
 SEARCH_R1_PROMPT = (
@@ -54,11 +59,11 @@ def test_search_r1_parquet_rows_read_as_they_are(tmp_path):
         search_r1_row(1, "capital of france?", ["Paris"], "hotpotqa"),
     ]
     pq.write_table(pa.Table.from_pylist(rows), p)
-    ex = load_examples(str(p), "search")
+    ex = load_examples(str(p), SEARCH.parse)
     assert ex[0] == Example("who wrote hamlet?", "William Shakespeare", "William Shakespeare", f"{p}:row 0")
     assert ex[0].meta == {"golden_answers": ["William Shakespeare", "Shakespeare"], "data_source": "nq"}
     assert ex[1].meta == {"golden_answers": ["Paris"], "data_source": "hotpotqa"}
-    assert len(load_examples(str(p), "search_subem", limit=1)) == 1
+    assert len(load_examples(str(p), SUBEM.parse, limit=1)) == 1
 
 
 def test_plain_jsonl_and_bad_rows(tmp_path):
@@ -69,26 +74,28 @@ def test_plain_jsonl_and_bad_rows(tmp_path):
         + json.dumps({"question": "q2", "answer": "b"})
         + "\n"
     )
-    ex = load_examples(str(p), "search")
+    ex = load_examples(str(p), SEARCH.parse)
     assert [(e.question, e.reference, e.meta["golden_answers"]) for e in ex] == [
         ("q1", "a", ["a", "7"]),
         ("q2", "b", ["b"]),
     ]
     p.write_text(json.dumps({"question": "q", "golden_answers": []}) + "\n")
     with pytest.raises(DataError, match=r"q.jsonl:1: key 'golden_answers' must be a non-empty list"):
-        load_examples(str(p), "search")
+        load_examples(str(p), SEARCH.parse)
     p.write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(DataError, match=r"q.jsonl:1: no golden answers"):
-        load_examples(str(p), "search")
+        load_examples(str(p), SEARCH.parse)
     p.write_text(json.dumps({"golden_answers": ["a"]}) + "\n")
     with pytest.raises(DataError, match=r"q.jsonl:1: key 'question' must be a non-empty string"):
-        load_examples(str(p), "search")
+        load_examples(str(p), SEARCH.parse)
 
 
 def test_search_config_loads():
-    cfg = load_config(None, ["data.format=search", "search.retriever=http", "search.url=http://n1:8000/retrieve"])
+    cfg = load_config(None, ["task.name=search", "search.retriever=http", "search.url=http://n1:8000/retrieve"])
     assert (cfg.search.topk, cfg.search.timeout_s, cfg.search.retries) == (3, 10.0, 2)
-    assert "search" in TASKS and "search_subem" in TASKS
+    task = build_task(cfg)
+    assert isinstance(task, SearchTask) and task.match == "em" and task.search_cfg.url == "http://n1:8000/retrieve"
+    assert isinstance(SUBEM, SearchTask) and SUBEM.match == "subem"
 
 
 # ------------------------------------------------------------------------------------------------ reward
@@ -122,19 +129,23 @@ def test_match_values():
 def test_batch_scorer_uses_every_golden_answer():
     ex = [Example("q", "William Shakespeare", "", "x:1", {"golden_answers": ["William Shakespeare", "Shakespeare"]})]
     comps = ["<answer>Shakespeare</answer>", "<answer>Sir Shakespeare</answer>", "no answer"]
-    s = score_completions(TASKS["search"], comps, ex * 3, timeout_s=5)
+    s = score_completions(SEARCH, comps, ex * 3, timeout_s=5)
     # 1: equals the 2nd golden answer; 2: only a substring match; 3: no <answer> at all
     assert s.rewards == [1.0, 0.0, 0.0] and s.correct == [True, False, False]
     assert s.formatted == [True, True, False]
     assert s.parts == {"em": [1.0, 0.0, 0.0], "subem": [1.0, 1.0, 0.0], "answered": [1.0, 1.0, 0.0]}
-    sub = score_completions(TASKS["search_subem"], comps, ex * 3, timeout_s=5)
+    sub = score_completions(SUBEM, comps, ex * 3, timeout_s=5)
     assert sub.rewards == [1.0, 1.0, 0.0] and sub.correct == [True, True, False]
-    # the per-sample reward (evals' tools) grades against the reference string as one answer, not its characters
-    assert TASKS["search"].reward("<answer>the paris</answer>", "Paris") == 1.0
-    assert TASKS["search"].reward("<answer>p</answer>", "Paris") == 0.0
-    assert TASKS["search_subem"].reward("<answer>in Paris</answer>", "Paris") == 1.0
-    assert search_task("em", 0.1).reward("<answer>Lyon</answer>", "Paris") == 0.1
-    assert TASKS["search"].answer_classes(["<answer>The Bard</answer>", "<answer>bard</answer>", "x"]) == [0, 0, None]
+    # the per-sample reward grades against the whole example: every golden answer, else the reference string as
+    # one answer (not its characters)
+    paris = Example("q", "Paris")
+    assert SEARCH.reward("<answer>the paris</answer>", paris) == 1.0
+    assert SEARCH.reward("<answer>p</answer>", paris) == 0.0
+    assert SEARCH.reward("<answer>Shakespeare</answer>", ex[0]) == 1.0
+    assert SUBEM.reward("<answer>in Paris</answer>", paris) == 1.0
+    assert SearchTask(SearchCfg(), "em", 0.1).reward("<answer>Lyon</answer>", paris) == 0.1
+    assert make_task("search", {"format_score": 0.1}).reward("<answer>Lyon</answer>", paris) == 0.1
+    assert SEARCH.answer_classes(["<answer>The Bard</answer>", "<answer>bard</answer>", "x"]) == [0, 0, None]
 
 
 # ------------------------------------------------------------------------------------------ synthetic task
@@ -146,7 +157,7 @@ def test_synthetic_task(tmp_path, hops, tiny_model):
     corpus = load_corpus(out / "corpus.jsonl")
     keys = [p.contents.split("\n")[0] for p in corpus]
     assert len(keys) == len(set(keys)) == 50
-    train, held = (load_examples(str(out / f"{s}.jsonl"), "search") for s in ("train", "heldout"))
+    train, held = (load_examples(str(out / f"{s}.jsonl"), SEARCH.parse) for s in ("train", "heldout"))
     assert (len(train), len(held)) == (40, 10)
     key_of = {p.contents.split("\n")[0]: p for p in corpus}
 
@@ -166,7 +177,7 @@ def test_synthetic_task(tmp_path, hops, tiny_model):
         sampled = ["".join(s["text"] for s in g["segments"] if s["trainable"]) for g in gold]
         assert all("<information>" not in t for t in sampled)
         assert [t.count("<search>") for t in sampled] == [hops] * len(gold)
-        assert score_completions(TASKS["search"], sampled, examples, 5).rewards == [1.0] * len(gold)
+        assert score_completions(SEARCH, sampled, examples, 5).rewards == [1.0] * len(gold)
         for g in gold:
             obs = [s["text"] for s in g["segments"] if not s["trainable"]]
             acts = [t["text"] for t in g["segments"] if t["trainable"]]
@@ -211,7 +222,7 @@ def test_synthetic_mix_searches_in_the_given_share_and_is_otherwise_the_gold(tmp
 def test_synthetic_keys_are_distinct_words_of_the_given_length():
     import random
 
-    from rl_training.search.synthetic import make_keys
+    from rl_training.tasks.search.synthetic import make_keys
 
     keys = make_keys(20000, random.Random(0))
     assert len(set(keys)) == 20000 and {len(k) for k in keys} == {6}  # 3 consonant-vowel pairs

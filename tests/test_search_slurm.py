@@ -12,8 +12,8 @@ import socket
 import pytest
 import requests
 
-from rl_training.search.client import HttpRetriever
-from rl_training.slurm_launch import RetrieverError, RetrieverServer, start_retriever
+from rl_training.cluster.launch import RetrieverError, RetrieverServer, start_retriever
+from rl_training.tasks.search.client import HttpRetriever
 from tests.test_slurm import (
     REPO,
     SBATCH,

@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from rl_training.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.exit_codes import STOPPED_EXIT_CODE
 from rl_training.rollout.local_server import VLLMServer
 from rl_training.runners import rl_runner
 from tests.test_server_backend import TESTCFG, server_overrides

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.rollout.local_server import VLLMServer
-from rl_training.rollout.server import ServerError
+from rl_training.rollout.server_client import ServerError
 from rl_training.runners import rl_runner
 from tests.launch import RL_RUNNER, torchrun_cmd
 from tests.test_vllm_backend import perturb_adapter

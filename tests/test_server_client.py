@@ -11,10 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rl_training.config import ConfigError
-from rl_training.config_load import load_config
+from rl_training.config.load import load_config
+from rl_training.config.schema import ConfigError
 from rl_training.rollout.local_server import free_port
-from rl_training.rollout.server import ServerClient, ServerError, request_seeds
+from rl_training.rollout.server import request_seeds
+from rl_training.rollout.server_client import ServerClient, ServerError
 
 
 class Scripted(ThreadingHTTPServer):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.rollout.local_server import VLLMServer

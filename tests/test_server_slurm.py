@@ -1,4 +1,4 @@
-"""The SLURM wrapper's inference-server layout (rl_training/slurm_servers.py, scripts/slurm/vllm_server.sh):
+"""The SLURM wrapper's inference-server layout (rl_training/cluster/servers.py, scripts/slurm/vllm_server.sh):
 where the servers and trainers go, then a real 2-node job on the local Slurm: a CPU vLLM server as its own
 job step on the second node, the trainer on the first against it with K=1, the server stopped at exit.
 Run the cluster test under `flock /tmp/slurm.lock`."""
@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from rl_training.slurm_servers import server_layout, server_urls
+from rl_training.cluster.servers import server_layout, server_urls
 from tests.test_slurm import SBATCH, TEST_RESOURCES, TESTCFG, job_env, sbatch, slurm_cluster, wait_job
 
 assert slurm_cluster  # a fixture used by name below

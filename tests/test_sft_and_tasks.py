@@ -73,7 +73,7 @@ def test_gsm8k_format_end_to_end(warm_model, tmp_path):
             "--cfg",
             TESTCFG,
             f"model.name_or_path={warm_model}",
-            "data.format=gsm8k",
+            "task.name=gsm8k",
             f"data.train={path}",
             f"data.eval={path}",
             "data.prompt_template=Q: {question}\nA:",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.checkpoint import list_checkpoints
-from rl_training.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.exit_codes import STOPPED_EXIT_CODE
+from rl_training.ckpt.store import list_checkpoints
 from tests.launch import read_steps, trainer_state, training_started
 from tests.system_packages import require_debian_packages, skip_unless_required
 
@@ -114,7 +114,7 @@ def step_environments(job: str, nodes=("n1", "n2"), timeout: float = 240) -> dic
                 except OSError:
                     continue
                 env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
-                if "rl_training.slurm_launch" in cmd:
+                if "rl_training.cluster.launch" in cmd:
                     found[node]["launcher"] = env
                 elif "rl_runner.py" in cmd and "RANK" in env:
                     found[node]["worker"] = env

@@ -1,4 +1,4 @@
-"""The SLURM launcher (rl_training/slurm_launch.py) at unit level: worker environment, node-local dirs, proxy
+"""The SLURM launcher (rl_training/cluster/launch.py) at unit level: worker environment, node-local dirs, proxy
 bypass, log redaction, torchrun arguments, the node's exit status."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 import signal
 from pathlib import Path
 
-from rl_training import slurm_launch
-from rl_training.slurm_launch import (
+from rl_training.cluster import launch as slurm_launch
+from rl_training.cluster.launch import (
     add_no_proxy,
     exit_status,
     node_local_env,

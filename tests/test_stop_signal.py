@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from rl_training.checkpoint import list_checkpoints
-from rl_training.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.exit_codes import STOPPED_EXIT_CODE
+from rl_training.ckpt.store import list_checkpoints
+from rl_training.cluster.launch import exit_status
 from rl_training.runners import rl_runner
-from rl_training.slurm_launch import exit_status
-from rl_training.stopping import StopOnSignal
+from rl_training.runtime.stopping import StopOnSignal
 from tests.launch import RL_RUNNER, read_steps, torchrun_cmd, trainer_state, training_started
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_a_signal_before_the_workers_exist_reaches_them_through_the_stop_file(tm
     child = (
         "import os, signal, threading, sys\n"
         "from pathlib import Path\n"
-        "from rl_training.slurm_launch import watch_stop_signal\n"
+        "from rl_training.cluster.launch import watch_stop_signal\n"
         "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})  # as main() does first\n"
         "os.kill(os.getpid(), signal.SIGUSR1)  # before the watcher exists: pending, not lost\n"
         "done = threading.Event()\n"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_training import synthesize
 from rl_training.data.sources import Example
-from rl_training.rewards import TASKS
-from rl_training.runners import sft_runner
+from rl_training.runners import sft_runner, synthesize
+from rl_training.tasks.build import make_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,8 +63,8 @@ def test_synthesize_with_vllm_then_sft(tiny_model, reverse_data, tmp_path, capsy
     # The warm model solves some problems and not all (its greedy accuracy is well between 0 and 1).
     assert 0 < len(kept) < 24 * 8 and 0 < sum(s["verified"] for s in stats) < 24 * 8
     # Every kept record is verified by the training grader, and no problem keeps a duplicate.
-    task = TASKS["reverse"]
-    assert all(task.reward(r["answer"], r["reference"]) >= task.correct_threshold for r in kept)
+    task = make_task("reverse")
+    assert all(task.reward(r["answer"], Example(r["question"], r["reference"])) >= task.correct_threshold for r in kept)
     assert len({(r["question"], synthesize.canonical(r["answer"])) for r in kept}) == len(kept)
     assert sum(s["kept"] for s in stats) == len(kept)
     assert "SFT on it" in printed and f"data.train={out}" in printed

@@ -10,9 +10,9 @@ import torch
 
 from rl_training.algs.common import token_logprobs
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
-from rl_training.models import trainable_parameters
+from rl_training.policy.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.trainer import (
+from rl_training.train.update import (
     DeviceStats,
     MicroBatch,
     _rollout_canary,
@@ -111,7 +111,7 @@ def test_inner_epochs_reuse_first_epoch_logprobs_as_old(policy):
     saved = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=50.0)
     from rl_training.algs.objectives import StepNorm
-    from rl_training.trainer import UpdateHParams, train_on_rollouts
+    from rl_training.train.update import UpdateHParams, train_on_rollouts
 
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
@@ -189,8 +189,8 @@ def checkpointed_policy_with_dropout(model_dir):
     dropout 0.5 in attention and LoRA: dropout that leaked into the update would change its log-probs."""
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config import LoraCfg
-    from rl_training.models import apply_lora
+    from rl_training.config.schema import LoraCfg
+    from rl_training.policy.models import apply_lora
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(
@@ -211,7 +211,7 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
     # pre-hook: torch's recompute stops early, inside the MLP, once every saved tensor is back). Epoch 0:
     # 2 micro-batches x (reference pass + forward + recompute in backward) = 6; epoch 1: 2 x 2 = 4. Without
     # the recompute: 2 + 2 + 2 = 6. Every call runs with the MLP in eval mode (no dropout anywhere).
-    from rl_training.trainer import UpdateHParams, train_on_rollouts
+    from rl_training.train.update import UpdateHParams, train_on_rollouts
 
     policy = checkpointed_policy_with_dropout(tiny_model)
     calls: list[bool] = []
@@ -239,7 +239,7 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
 
 def test_reference_forward_runs_only_on_kl_log_steps():
     """kl_coef = 0: the reference forward (only for train/kl) runs on steps 0, k, 2k, ...; kl_coef > 0: always."""
-    from rl_training.trainer import UpdateHParams
+    from rl_training.train.update import UpdateHParams
 
     hp = UpdateHParams(kl_log_every=10)
     assert [s for s in range(25) if hp.for_step(s).needs_reference] == [0, 10, 20]
@@ -250,7 +250,7 @@ def test_reference_forward_runs_only_on_kl_log_steps():
 def test_skipped_reference_forward_leaves_kl_unmeasured(policy):
     import dataclasses
 
-    from rl_training.trainer import UpdateHParams, train_on_rollouts
+    from rl_training.train.update import UpdateHParams, train_on_rollouts
 
     ro = fake_rollouts(2)
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec, split_completion
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner
@@ -136,7 +136,9 @@ def test_engine_sleeps_only_around_the_update(vllm_run, monkeypatch):
     real_sync = backend.sync_weights
     monkeypatch.setattr(backend, "sync_weights", lambda m: (calls.append(("sync",)), real_sync(m)))
     real_generate = backend.generate
-    monkeypatch.setattr(backend, "generate", lambda p, spec: (calls.append(("generate",)), real_generate(p, spec))[1])
+    monkeypatch.setattr(
+        backend, "generate", lambda p, spec, examples=None: (calls.append(("generate",)), real_generate(p, spec))[1]
+    )
     m = rl_runner.rl_step(run, 0)
     backend.generate(run.prompts[:2], SamplingSpec(n=1, max_new_tokens=4, greedy=True))  # an eval after the step
     rl_runner.rl_step(run, 1)

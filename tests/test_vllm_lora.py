@@ -26,16 +26,18 @@ def test_checkpoint_adapter_loads_in_vllm_lora(run_overrides, warm_model, tmp_pa
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from rl_training.config_load import load_config
+    from rl_training.config.load import load_config
     from rl_training.data.prompts import encode_prompts
     from rl_training.data.sources import load_examples
-    from rl_training.models import load_tokenizer
+    from rl_training.policy.models import load_tokenizer
     from rl_training.rollout.base import SamplingSpec
     from rl_training.rollout.hf import HFBackend
+    from rl_training.tasks.build import make_task
 
     cfg = load_config(TESTCFG, run_overrides)
     tok = load_tokenizer(str(warm_model))
-    prompts = encode_prompts(load_examples(cfg.data.eval, cfg.data.format, limit=32), cfg.data, tok)
+    task = make_task(cfg.task.name)
+    prompts = encode_prompts(load_examples(cfg.data.eval, task.parse, limit=32), cfg.data, tok, task)
     greedy = SamplingSpec(n=1, max_new_tokens=10, greedy=True)
     merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(warm_model), adapter)
     merged = merged.merge_and_unload().eval()

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from rl_training import dist
-from rl_training.config_load import load_config
+from rl_training.base import dist
+from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner

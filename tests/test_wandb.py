@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rl_training.wandb_log import NullWandb, make_wandb
+from rl_training.metrics.wandb_log import NullWandb, make_wandb
 from tests.wandb_records import config as wandb_config
 from tests.wandb_records import history
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,21 +22,22 @@ def render_prompt(
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def dedupe_questions(examples: list[Example]) -> tuple[list[Example], int]:
-    """Keep the first example of each question text, in order. A prompt drawn twice in one step would make two
-    prompt groups correlated units, which biases the GNS (docs/probes.md 2, pitfall P7) and double-weights it."""
-    seen: set[str] = set()
-    kept = [ex for ex in examples if not (ex.question in seen or seen.add(ex.question))]
+def dedupe_questions(examples: list[Example], key: Callable[[Example], Hashable] | None = None) -> tuple[list, int]:
+    """Keep the first example of each problem, in order: its question text, or `key(example)` (a task's
+    `problem_key`). A problem drawn twice in one step would make two prompt groups correlated units, which biases
+    the GNS (docs/probes.md 2, pitfall P7) and double-weights it."""
+    key = key or (lambda ex: ex.question)
+    seen: set = set()
+    kept = [ex for ex in examples if not ((k := key(ex)) in seen or seen.add(k))]
     return kept, len(examples) - len(kept)
 
 
-def encode_prompts(examples: list[Example], data_cfg, tokenizer) -> list[list[int]]:
-    """Token ids of each rendered prompt; a prompt over data.max_prompt_tokens is an error naming it."""
+def encode_prompts(examples: list[Example], data_cfg, tokenizer, task) -> list[list[int]]:
+    """Token ids of each prompt as `task.render_prompt` renders it; one over data.max_prompt_tokens is an error
+    naming it."""
     out = []
     for ex in examples:
-        text = render_prompt(
-            ex.question, data_cfg.prompt_template, tokenizer, data_cfg.use_chat_template, data_cfg.system_prompt
-        )
+        text = task.render_prompt(ex, tokenizer, data_cfg)
         ids = tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > data_cfg.max_prompt_tokens:
             raise DataError(

@@ -2,7 +2,7 @@
 
 For each problem: one greedy completion (accuracy, format, length, truncation) and `eval.num_samples`
 sampled ones (pass@k, maj@k), all from the rollout backend, rendered with the training prompt template
-(`encode_prompts`) and graded with the training grader (`rl_training.rewards.TASKS`, `score_completions`).
+(`encode_prompts`) and graded with the training grader (the run's task, `score_completions`).
 The result is one record per problem (what the per-problem jsonl holds) and the timing; `evaluation.pass_at_k`
 turns the records into metrics.
 
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from rl_training import dist
-from rl_training.ckpt_marker import step_name
+from rl_training.base import dist
+from rl_training.base.timer import PhaseTimer
+from rl_training.ckpt.marker import step_name
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.pass_at_k import summarize
-from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
-from rl_training.timer import PhaseTimer
+from rl_training.tasks.base import Task, score_completions
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,16 @@ def _completion_rows(ro: Rollouts, scores, lo: int, hi: int) -> list[dict]:
             "formatted": scores.formatted[j],
             "length": len(ro.completion_ids[j]),
             "truncated": ro.truncated[j],
-            # multi-turn episodes: turns and searches (the length above counts observation tokens too)
-            **({"turns": ro.episodes[j]["turns"], "searches": ro.episodes[j]["searches"]} if ro.episodes else {}),
+            # multi-turn episodes: turns and the environment's counts (the length above counts observation tokens)
+            **(_episode_counts(ro.episodes[j]) if ro.episodes else {}),
         }
         for j in range(lo, hi)
     ]
+
+
+def _episode_counts(summary: dict) -> dict:
+    """An episode's turns and counts for its eval record (Episode.summary without the token bookkeeping)."""
+    return {k: v for k, v in summary.items() if k not in ("obs_tokens", "obs_capped", "truncated")}
 
 
 def evaluate_policy(
@@ -91,11 +96,12 @@ def evaluate_policy(
         seed = s.seed + first_index + lo
         with torch.random.fork_rng(devices=devices), timer("generate"):
             torch.manual_seed(seed)
-            greedy = backend.generate(batch, SamplingSpec(n=1, max_new_tokens=s.max_new_tokens, greedy=True))
+            greedy_spec = SamplingSpec(n=1, max_new_tokens=s.max_new_tokens, greedy=True)
+            greedy = backend.generate(batch, greedy_spec, examples=exs)
             sampled = None
             if s.num_samples:
                 spec = SamplingSpec(s.num_samples, s.max_new_tokens, s.temperature, s.top_p, seed=seed)
-                sampled = backend.generate(batch, spec)
+                sampled = backend.generate(batch, spec, examples=exs)
         with timer("score"):
             g_scores = score_completions(task, greedy.texts, exs, s.timeout_s)
             if sampled is not None:
@@ -141,12 +147,11 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def load_eval_set(cfg, tokenizer) -> tuple[list[Example], list[list[int]]]:
-    """The held-out problems (the first eval.num_prompts of data.eval) and their prompt ids, encoded by the
-    training template (`encode_prompts`): what both evals.run and the in-loop eval score."""
-    d = cfg.data
-    examples = load_examples(d.eval, d.format, d.question_key, d.answer_key, limit=cfg.eval.num_prompts)
-    return examples, encode_prompts(examples, d, tokenizer)
+def load_eval_set(cfg, tokenizer, task: Task) -> tuple[list[Example], list[list[int]]]:
+    """The held-out problems (the first eval.num_prompts of data.eval) and their prompt ids, rendered as in
+    training (`encode_prompts`): what both evals.run and the in-loop eval score."""
+    examples = load_examples(cfg.data.eval, task.parse, limit=cfg.eval.num_prompts)
+    return examples, encode_prompts(examples, cfg.data, tokenizer, task)
 
 
 def write_step_result(out_dir: Path, step: int, result: dict, records: Sequence[dict]) -> Path:
@@ -173,17 +178,17 @@ class InLoopEval:
     problems.jsonl}. Collective: every rank must call it.
     """
 
-    def __init__(self, cfg, tokenizer, info: dist.DistInfo, run_dir: Path):
-        examples, prompts = load_eval_set(cfg, tokenizer)
+    def __init__(self, cfg, tokenizer, info: dist.DistInfo, run_dir: Path, task: Task):
+        examples, prompts = load_eval_set(cfg, tokenizer, task)
         per_rank = -(-len(examples) // info.world_size)
         self.first = min(info.rank * per_rank, len(examples))
         self.examples = examples[self.first : self.first + per_rank]
         self.prompts = prompts[self.first : self.first + per_rank]
         self.settings = EvalSettings.from_config(cfg)
-        self.task = TASKS[cfg.data.format]
+        self.task = task
         self.every, self.total = cfg.eval.every, cfg.train.total_steps
         self.info, self.out_dir = info, Path(run_dir) / "eval" / "inloop"
-        self.meta = {"dataset": cfg.data.eval, "format": cfg.data.format, "num_problems": len(examples)}
+        self.meta = {"dataset": cfg.data.eval, "format": cfg.task.name, "num_problems": len(examples)}
 
     def due(self, step: int) -> bool:
         return step % self.every == 0 or step == self.total

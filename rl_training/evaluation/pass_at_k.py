@@ -98,6 +98,10 @@ def _ways_others_at_most(classes_of_size: dict[int, int], abstain: int, v: int, 
     return dp[:, picks]
 
 
+# What every completion row holds (evaluation/evaluate.py); a multi-turn row adds "turns" and its counts.
+COMPLETION_KEYS = ("text", "reward", "correct", "formatted", "length", "truncated", "answer_class")
+
+
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
@@ -118,9 +122,9 @@ def summarize(problems: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
         "response_len_mean": _mean([g["length"] for g in greedy]),
         "truncation_rate": _mean([float(g["truncated"]) for g in greedy]),
     }
-    if "turns" in greedy[0]:  # multi-turn episodes (rl_training/evaluation/evaluate.py)
-        out["turns_mean"] = _mean([g["turns"] for g in greedy])
-        out["searches_mean"] = _mean([g["searches"] for g in greedy])
+    if "turns" in greedy[0]:  # multi-turn episodes: turns and the environment's counts (evaluate.py)
+        for key in (k for k in greedy[0] if k not in COMPLETION_KEYS):
+            out[f"{key}_mean"] = _mean([float(g[key]) for g in greedy])
     counts = {len(p["samples"]) for p in problems}
     if counts == {0}:
         if ks:

@@ -32,8 +32,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from rl_training import dist
 from rl_training.algs.common import zero_adv_groups
+from rl_training.base import dist
 from rl_training.probes import ess as ess_math
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess

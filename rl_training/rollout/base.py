@@ -6,6 +6,7 @@ methods; memory juggling (sleep/wake) and any engine internals stay inside the b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,9 +25,9 @@ class Rollouts:
     # Multi-turn episodes (rollout/episodes.py); None for single-turn completions.
     loss_mask: list[list[int]] | None = None  # [N][len_i] 1 on sampled tokens, 0 on observations; None: all ones
     turn_index: list[list[int]] | None = None  # [N][len_i] 1-based turn of each sampled token, 0 on observations
-    episodes: list[dict] | None = None  # [N] per-episode counts (Episode.summary: turns, searches, ...)
-    retrieval: Any = None  # the call's RetrievalStats (latencies, failures)
-    timing: dict[str, float] | None = None  # seconds per turn (turn1_s, ...) and retrieval_s of the call
+    episodes: list[dict] | None = None  # [N] per-episode counts (Episode.summary: turns, the environment's, ...)
+    env_stats: Any = None  # the call's Environment.call_stats() (a search task's retrieval latencies, failures)
+    timing: dict[str, float] | None = None  # seconds per turn (turn1_s, ...) and env_s (environment steps)
 
     def trainable(self, i: int) -> int:
         """Tokens of sequence i the policy sampled (what every loss term and count reads)."""
@@ -73,7 +74,9 @@ def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | Non
 class RolloutBackend(Protocol):
     name: str
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts: ...
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, examples: Sequence | None = None) -> Rollouts:
+        """spec.n completions per prompt. `examples` (one per prompt) are what a multi-turn episode backend
+        resets its environment with (rollout/episodes.py); single-turn backends need only the prompts."""
 
     def sync_weights(self, model) -> None:
         """Make the next generate() use the trainer's current weights."""

@@ -1,20 +1,20 @@
-"""Batched multi-turn episodes with a retriever (Search-R1), token in / token out, on any turn-capable backend.
+"""Batched multi-turn episodes of any Environment (rl_training/tasks), token in / token out, on any backend.
 
-    rollouts = run_episodes(backend, retriever, tokenizer, prompts, spec, episode_spec)   # one call per step
+    rollouts = run_episodes(backend, env, tokenizer, prompts, examples, spec, episode_spec)   # one call per step
 
-One call: every live episode generates one turn (stops: the `multiturn.stop` strings, EOS, a per-turn cap and
-the episode's remaining response budget), then ONE batched `retrieve` for all the episodes that searched, then
-the observations are appended and the next turn starts from exactly prompt + everything so far. An episode is
-one flat token list: the prompt, each turn's sampled ids exactly as the engine returned them (never decoded
-and re-encoded), and each observation tokenized on its own (mask 0). Episodes that run out of tokens or turns
-end flagged truncated; the context is never cut from the left.
+One call: every live episode generates one turn (stops: the environment's stop strings or multiturn.stop, EOS,
+a per-turn cap and the episode's remaining response budget), then ONE `env.step_batch` for all of them (a
+search environment makes one batched retrieval of it), then the observations are appended and the next turn
+starts from exactly prompt + everything so far. An episode is one flat token list: the prompt, each turn's
+sampled ids exactly as the engine returned them (never decoded and re-encoded), and each observation tokenized
+on its own (or given as ids by the environment; mask 0). Episodes that run out of tokens or turns end flagged
+truncated; the context is never cut from the left. Nothing here knows a task family: what a turn means is the
+environment's business.
 
 The function depends on nothing but its arguments (no config, no torch.distributed, no signals), so a producer
-thread may call it. Scoring stays with the caller; only the retriever's I/O happens here.
+thread may call it. Scoring stays with the caller; only the environment's own I/O happens here.
 
-Where it departs from Search-R1 (search_r1/llm_agent/generation.py):
-- An episode that samples EOS ends there (Search-R1 keeps generating after an EOS turn until max_turns).
-- `max_turns` counts every turn including the answering one, and there is no extra final turn without search.
+- `max_turns` counts every turn including the answering one, and there is no extra final turn.
 - An observation that would leave no room for one more sampled token is not appended: the episode ends,
   flagged truncated (nothing would ever train on that trailing observation).
 
@@ -22,41 +22,33 @@ What vLLM 0.32 returns for the token that completes a stop string (v1/engine/det
 `CompletionOutput.token_ids` ends WITH the token that completed the stop string, whatever
 `include_stop_str_in_output` says (that flag only trims `.text`; tokens sampled after it in the same engine
 step are dropped, their log-probs too). A token can carry characters past the stop string (BPE merges such as
-'</answer>\\n'): they stay, because they were sampled. tests/test_episodes.py checks both flags. The HF backend
+'</answer>\\n'): they stay, because they were sampled. The episode tests check both flags. The HF backend
 cuts its rows at the same place with `turn_end`.
 """
 
 from __future__ import annotations
 
-import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from rl_training.config import SEARCH_FORMATS
+from rl_training.data.sources import Example
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds
-from rl_training.search.retriever import RetrievalStats, Retriever, information_block
-
-# Search-R1's text after a turn that neither searched nor answered (generation.py, execute_predictions).
-INVALID_ACTION = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
-    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let's try again.\n"
-)
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+from rl_training.tasks.base import Environment, Step, Turn
 
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """Limits of one episode (config section `multiturn`, plus `search.topk`)."""
+    """Limits of one episode (config section `multiturn`) and the strings that end a turn."""
 
     max_turns: int = 4
     max_tokens_per_turn: int = 500
     max_response_tokens: int = 2048  # everything after the prompt: sampled turns and observations
     max_obs_tokens: int = 512  # one observation's tokens; longer ones are cut (from the right) and counted
-    topk: int = 3
-    stop: tuple[str, ...] = ("</search>", "</answer>")
+    stop: tuple[str, ...] = ()
 
     @property
     def max_trainable_tokens(self) -> int:
@@ -64,11 +56,11 @@ class EpisodeSpec:
         return min(self.max_turns * self.max_tokens_per_turn, self.max_response_tokens)
 
     @classmethod
-    def from_config(cls, cfg) -> EpisodeSpec:
+    def from_config(cls, cfg, env: Environment) -> EpisodeSpec:
+        """multiturn.* limits; the stop strings are multiturn.stop when set, else the environment's own."""
         m = cfg.multiturn
-        return cls(
-            m.max_turns, m.max_tokens_per_turn, m.max_response_tokens, m.max_obs_tokens, cfg.search.topk, tuple(m.stop)
-        )
+        stop = tuple(m.stop) or tuple(env.stop)
+        return cls(m.max_turns, m.max_tokens_per_turn, m.max_response_tokens, m.max_obs_tokens, stop)
 
 
 @dataclass
@@ -114,14 +106,13 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
 class Episode:
     prompt: list[int]
     seed: int | None
+    state: Any = None  # the environment's per-episode state (Environment.reset)
     ids: list[int] = field(default_factory=list)  # response tokens: sampled turns and observations
     logprobs: list[float] = field(default_factory=list)  # 0.0 on observation tokens
     mask: list[int] = field(default_factory=list)  # 1 sampled, 0 observation
     turn: list[int] = field(default_factory=list)  # turn number (1-based) of sampled tokens, 0 on observations
     turns: int = 0
-    searches: int = 0
-    invalid: int = 0
-    answered: bool = False
+    counts: dict[str, float] = field(default_factory=dict)  # the environment's episode_counts
     obs_tokens: int = 0
     obs_capped: int = 0
     truncated: str = ""  # "" | "tokens" | "turns"
@@ -141,33 +132,46 @@ class Episode:
         self.turn += [0] * len(obs)
         self.obs_tokens += len(obs)
 
+    def add(self, counts: dict[str, float]) -> None:
+        for k, v in counts.items():
+            if k not in self.counts:
+                raise KeyError(f"Step.counts has {k!r}, which is not one of the environment's episode_counts")
+            self.counts[k] += v
+
     def summary(self) -> dict:
+        """What samples, eval records and the episode metrics read: turns, the environment's counts (an int
+        where it is one), observation tokens, caps and how the episode was truncated."""
+        counts = {k: int(v) if float(v).is_integer() else v for k, v in self.counts.items()}
         return {
             "turns": self.turns,
-            "searches": self.searches,
-            "invalid": self.invalid,
-            "answered": self.answered,
+            **counts,
             "obs_tokens": self.obs_tokens,
             "obs_capped": self.obs_capped,
             "truncated": self.truncated,
         }
 
 
-def parse_action(text: str) -> tuple[str, str]:
-    """('search', query) | ('answer', answer) | ('invalid', '') from one turn's sampled text: its first
-    complete tag pair, as Search-R1's postprocess_predictions (a turn stops at its first closing tag)."""
-    m = _ACTION.search(text)
-    return (m.group(1), m.group(2).strip()) if m else ("invalid", "")
-
-
 def run_episodes(
-    gen: TurnGenerator, retriever: Retriever, tokenizer, prompts: list[list[int]], spec: SamplingSpec, es: EpisodeSpec
+    gen: TurnGenerator,
+    env: Environment,
+    tokenizer,
+    prompts: list[list[int]],
+    examples: Sequence[Example],
+    spec: SamplingSpec,
+    es: EpisodeSpec,
 ) -> Rollouts:
     """spec.n episodes per prompt (prompt-major, as `generate`), seeded per episode with `completion_seeds`;
-    spec.max_new_tokens is not used (the episode spec sets every limit)."""
+    examples[i] is prompt i's problem (Environment.reset). spec.max_new_tokens is not used (the episode spec
+    sets every limit)."""
+    if len(examples) != len(prompts):
+        raise ValueError(f"run_episodes: {len(examples)} examples for {len(prompts)} prompts")
     seeds = completion_seeds(spec.seed, len(prompts), spec.n)
-    eps = [Episode(p, seeds[i * spec.n + j]) for i, p in enumerate(prompts) for j in range(spec.n)]
-    stats, timing = RetrievalStats(), {}
+    eps = [
+        Episode(p, seeds[i * spec.n + j], env.reset(ex), counts=dict.fromkeys(env.episode_counts, 0))
+        for i, (p, ex) in enumerate(zip(prompts, examples, strict=True))
+        for j in range(spec.n)
+    ]
+    stats, timing = env.call_stats(), {}
     for turn in range(1, es.max_turns + 1):
         live = [e for e in eps if not e.done]
         if not live:
@@ -178,49 +182,49 @@ def run_episodes(
             [e.prompt + e.ids for e in live], budgets, [turn_seed(e.seed, turn) for e in live], spec, es.stop
         )
         timing[f"turn{turn}_s"] = time.perf_counter() - t0
-        pending: list[tuple[Episode, str | None]] = []  # (episode, query) or (episode, None): invalid action
+        turns = []
         for e, out, budget in zip(live, outs, budgets, strict=True):
             e.sampled(out, turn)
-            kind, arg = parse_action(tokenizer.decode(out.ids, skip_special_tokens=True))
-            if kind == "answer":
-                e.answered = e.done = True
-            elif out.ids and out.ids[-1] in gen.stop_ids:
-                e.done = True  # EOS ends the episode (module docstring)
-            elif kind == "search":
-                e.searches += 1
-                pending.append((e, arg))
-            elif len(out.ids) >= budget and budget < es.max_tokens_per_turn:
-                e.truncated, e.done = "tokens", True  # cut by the episode's budget, not the turn's cap
-            else:
-                e.invalid += 1
-                pending.append((e, None))
-        queries = [q for _, q in pending if q is not None]
+            eos = bool(out.ids) and out.ids[-1] in gen.stop_ids
+            # cut by the episode's budget, not the turn's own cap: nothing more can be sampled after it
+            exhausted = not eos and len(out.ids) >= budget and budget < es.max_tokens_per_turn
+            text = tokenizer.decode(out.ids, skip_special_tokens=True)
+            turns.append(Turn(text, list(out.ids), turn, eos, exhausted))
         t0 = time.perf_counter()
-        result = retriever.retrieve(queries, es.topk) if queries else None
-        timing["retrieval_s"] = timing.get("retrieval_s", 0.0) + time.perf_counter() - t0
-        if result is not None:
-            stats.add(result)
-        k = 0
-        for e, q in pending:
-            if q is None:
-                text = INVALID_ACTION
-            else:
-                text = information_block(result.passages[k], result.errors[k])
-                k += 1
-            obs = tokenizer(text, add_special_tokens=False).input_ids
-            if len(obs) > es.max_obs_tokens:
-                obs, e.obs_capped = obs[: es.max_obs_tokens], e.obs_capped + 1
-            if len(e.ids) + len(obs) >= es.max_response_tokens:
-                e.truncated, e.done = "tokens", True  # no room left to sample after it (module docstring)
-            elif turn == es.max_turns:
-                e.truncated, e.done = "turns", True
-            else:
-                e.observe(obs)
+        steps = env.step_batch([e.state for e in live], turns, stats)
+        timing["env_s"] = timing.get("env_s", 0.0) + time.perf_counter() - t0
+        if len(steps) != len(live):
+            raise ValueError(f"{type(env).__name__}.step_batch returned {len(steps)} steps for {len(live)} turns")
+        for e, step in zip(live, steps, strict=True):
+            _apply(e, step, turn, tokenizer, es)
     return _to_rollouts(eps, tokenizer, stats, timing)
 
 
-def _to_rollouts(eps: list[Episode], tokenizer, stats: RetrievalStats, timing: dict) -> Rollouts:
-    # The reward sees the sampled text only (search/reward.py's contract): the observations are left out.
+def _apply(e: Episode, step: Step, turn: int, tokenizer, es: EpisodeSpec) -> None:
+    """One environment answer: the end of the episode, or its observation appended within the limits."""
+    e.add(step.counts)
+    if step.done:
+        e.done = True
+        return
+    obs = step.observation
+    if obs is None:
+        obs = []
+    elif isinstance(obs, str):
+        obs = tokenizer(obs, add_special_tokens=False).input_ids
+    else:
+        obs = [int(t) for t in obs]
+    if len(obs) > es.max_obs_tokens:
+        obs, e.obs_capped = obs[: es.max_obs_tokens], e.obs_capped + 1
+    if len(e.ids) + len(obs) >= es.max_response_tokens:
+        e.truncated, e.done = "tokens", True  # no room left to sample after it (module docstring)
+    elif turn == es.max_turns:
+        e.truncated, e.done = "turns", True
+    else:
+        e.observe(obs)
+
+
+def _to_rollouts(eps: list[Episode], tokenizer, stats: Any, timing: dict) -> Rollouts:
+    # The grader sees the sampled text only: neither the prompt nor an observation can score.
     sampled = [[t for t, m in zip(e.ids, e.mask, strict=True) if m] for e in eps]
     return Rollouts(
         prompt_ids=[e.prompt for e in eps],
@@ -231,26 +235,24 @@ def _to_rollouts(eps: list[Episode], tokenizer, stats: RetrievalStats, timing: d
         loss_mask=[e.mask for e in eps],
         turn_index=[e.turn for e in eps],
         episodes=[e.summary() for e in eps],
-        retrieval=stats,
+        env_stats=stats,
         timing=timing,
     )
 
 
-def response_budget(cfg) -> int:
-    """Tokens after the prompt an episode can reach (0 for single-turn tasks): what the engine's context needs."""
-    return cfg.multiturn.max_response_tokens if cfg.data.format in SEARCH_FORMATS else 0
-
-
 class EpisodeBackend:
-    """A RolloutBackend whose `generate` runs episodes on the wrapped backend: the runner, the in-loop eval and
-    `evals.run` use it unchanged. Everything else (weights, sleep, metrics, close) is the wrapped backend's."""
+    """A RolloutBackend whose `generate` runs episodes of `env` on the wrapped backend: the runner, the in-loop
+    eval and `evals.run` use it unchanged. Everything else (weights, sleep, metrics, close) is the wrapped
+    backend's; the environment's resources are the task's (Task.start / close)."""
 
-    def __init__(self, backend, retriever: Retriever, tokenizer, es: EpisodeSpec):
-        self.backend, self.retriever, self.tokenizer, self.es = backend, retriever, tokenizer, es
+    def __init__(self, backend, env: Environment, tokenizer, es: EpisodeSpec):
+        self.backend, self.env, self.tokenizer, self.es = backend, env, tokenizer, es
         self.name = backend.name
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts:
-        return run_episodes(self.backend, self.retriever, self.tokenizer, prompts, spec, self.es)
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, examples: Sequence[Example] | None = None):
+        if examples is None:
+            raise ValueError("multi-turn generation needs the examples of the prompts (Environment.reset)")
+        return run_episodes(self.backend, self.env, self.tokenizer, prompts, examples, spec, self.es)
 
     def sync_weights(self, model) -> None:
         self.backend.sync_weights(model)
@@ -265,7 +267,6 @@ class EpisodeBackend:
         return self.backend.metrics()
 
     def close(self) -> None:
-        self.retriever.close()
         self.backend.close()
 
     def __getattr__(self, name: str):
@@ -275,12 +276,23 @@ class EpisodeBackend:
         return getattr(self.backend, name)
 
 
-def with_episodes(cfg, backend, tokenizer):
-    """The backend itself for single-turn tasks; wrapped in EpisodeBackend for the search tasks."""
-    if cfg.data.format not in SEARCH_FORMATS:
+def episode_budget(cfg, task) -> int:
+    """Tokens after the prompt an episode can reach: multiturn.max_response_tokens for an Environment, else 0
+    (what the engine's context must hold beyond the single-turn limits)."""
+    return cfg.multiturn.max_response_tokens if isinstance(task, Environment) else 0
+
+
+def max_trainable_tokens(cfg, task) -> int:
+    """Dr-GRPO's constant: rollout.max_new_tokens, or an episode's most sampled tokens for an Environment."""
+    if isinstance(task, Environment):
+        return EpisodeSpec.from_config(cfg, task).max_trainable_tokens
+    return cfg.rollout.max_new_tokens
+
+
+def with_episodes(cfg, backend, tokenizer, task):
+    """The backend itself for a single-turn task; wrapped in EpisodeBackend for an Environment."""
+    if not isinstance(task, Environment):
         return backend
     if not hasattr(backend, "generate_turn"):
         raise ValueError(f"rollout.backend={backend.name} cannot run multi-turn episodes (use vllm, hf or server)")
-    from rl_training.search.build import make_retriever
-
-    return EpisodeBackend(backend, make_retriever(cfg.search), tokenizer, EpisodeSpec.from_config(cfg))
+    return EpisodeBackend(backend, task, tokenizer, EpisodeSpec.from_config(cfg, task))

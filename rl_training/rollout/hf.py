@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rl_training.models import ModelLoadError
+from rl_training.policy.models import ModelLoadError
 from rl_training.rollout.base import Rollouts, SamplingSpec, split_completion
 
 # Knobs whose neutral value is None, which transformers replaces by the model's own value: a model that sets
@@ -194,7 +194,7 @@ class HFBackend:
         # log-probs of the processed scores the sampler drew from (temperature / top-p applied)
         return new.cpu().tolist(), recorder.finish(new).cpu().tolist()
 
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts:
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, examples=None) -> Rollouts:
         was_training = self.model.training
         self.model.eval()
         expanded = [p for p in prompts for _ in range(spec.n)]

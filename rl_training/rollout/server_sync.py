@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rl_training.ckpt_marker import fsync_tree
-from rl_training.rollout.server import ServerClient, ServerError
+from rl_training.ckpt.marker import fsync_tree
+from rl_training.rollout.server_client import ServerClient, ServerError
 
 
 def served_name(cfg, version: int, base: str = "") -> str:
@@ -140,7 +140,7 @@ class FullWeightPublisher:
     def publish(self, model, version: int) -> None:
         from safetensors.torch import save_file
 
-        from rl_training.models import merged_hf_weights
+        from rl_training.policy.models import merged_hf_weights
 
         def write(tmp: Path) -> None:
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in merged_hf_weights(model)}
@@ -206,7 +206,7 @@ def merged_weight_source(model):
     is built here because vLLM is imported only on the nccl path."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    from rl_training.models import merged_hf_weights
+    from rl_training.policy.models import merged_hf_weights
 
     class _Merged(WeightSource):
         def __init__(self):

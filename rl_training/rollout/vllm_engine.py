@@ -44,16 +44,9 @@ from collections.abc import Iterator
 import torch
 
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
-from rl_training.rollout.episodes import response_budget
 from rl_training.rollout.hf import stop_token_ids
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
-
-
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
 
 
 @contextlib.contextmanager
@@ -93,7 +86,7 @@ def _adapter_root():
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, cfg, model, tokenizer, dist_info):
+    def __init__(self, cfg, model, tokenizer, dist_info, episode_tokens: int = 0):
         # Environment that must be in place before vLLM is imported (not at our import time).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -103,9 +96,10 @@ class VLLMBackend:
         v = cfg.vllm
         self.on_cuda = dist_info.device.type == "cuda"
         self.sleep_enabled = bool(v.sleep and self.on_cuda)
-        # Room for the longer of the two generation limits: the in-loop eval generates on this engine too.
+        # Room for the longest generation: the in-loop eval generates on this engine too, and a multi-turn
+        # episode reaches `episode_tokens` after its prompt (rollout/episodes.py, episode_budget).
         max_len = v.max_model_len or cfg.data.max_prompt_tokens + max(
-            cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens, response_budget(cfg)
+            cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens, episode_tokens
         )
         kwargs = dict(
             model=cfg.model.name_or_path,
@@ -154,7 +148,7 @@ class VLLMBackend:
         self.sync_weights(model)
 
     # ------------------------------------------------------------------------------------- generation
-    def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> Rollouts:
+    def generate(self, prompts: list[list[int]], spec: SamplingSpec, examples=None) -> Rollouts:
         from vllm import SamplingParams
 
         self.wake()
@@ -228,7 +222,7 @@ class VLLMBackend:
         if self.lora_mode:
             self._push_adapter(model)
             return
-        from rl_training.models import merged_hf_weights
+        from rl_training.policy.models import merged_hf_weights
 
         self.wake(tags=["weights"])
 

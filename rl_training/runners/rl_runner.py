@@ -23,38 +23,42 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_training import code, dist, faults
-from rl_training.assembly import build_optimizer, resolve_resume, seed_all, set_cpu_threads
-from rl_training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from rl_training.ckpt_sync import CheckpointSyncer, NullSyncer, make_syncer
-from rl_training.cli import run_cli
-from rl_training.config import Config, Derived
-from rl_training.config_load import to_dict, to_yaml
-from rl_training.config_resolve import resolve
+from rl_training.base import dist, faults
+from rl_training.base.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.timer import PhaseTimer
+from rl_training.ckpt.resume import resolve_resume
+from rl_training.ckpt.store import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from rl_training.ckpt.upload import CheckpointSyncer, NullSyncer, make_syncer
+from rl_training.config.load import to_dict, to_yaml
+from rl_training.config.resolve import resolve
+from rl_training.config.schema import Config, Derived
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
-from rl_training.episode_metrics import episode_metrics
 from rl_training.evaluation.evaluate import InLoopEval
-from rl_training.exit_codes import STOPPED_EXIT_CODE
-from rl_training.lifeline import tie_to_launcher
-from rl_training.models import assert_only_adapter_trainable, build_policy, trainable_parameters
-from rl_training.platform_check import require_working_cuda
+from rl_training.metrics.episode import episode_metrics
+from rl_training.metrics.progress import make_progress
+from rl_training.metrics.samples import StepSamples
+from rl_training.metrics.step import MetricsLogger, step_metrics
+from rl_training.metrics.wandb_log import make_wandb
+from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import NullProbes, StepProbes
-from rl_training.progress import make_progress
-from rl_training.rewards import TASKS, Task, score_completions
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
-from rl_training.rollout.episodes import with_episodes
-from rl_training.rollout.factory import build_backend
-from rl_training.run_lock import locked
-from rl_training.samples import StepSamples
-from rl_training.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.step_metrics import MetricsLogger, step_metrics
-from rl_training.stopping import StopOnSignal
-from rl_training.timer import PhaseTimer
-from rl_training.trainer import (
+from rl_training.rollout.episodes import max_trainable_tokens
+from rl_training.rollout.factory import build_rollout
+from rl_training.runtime.cli import run_cli
+from rl_training.runtime.lifeline import tie_to_launcher
+from rl_training.runtime.lock import locked
+from rl_training.runtime.platform_check import require_working_cuda
+from rl_training.runtime.seeding import seed_all, set_cpu_threads
+from rl_training.runtime.stopping import StopOnSignal
+from rl_training.tasks.base import Task, score_completions
+from rl_training.tasks.build import build_task, task_context
+from rl_training.train.optimizer import build_optimizer
+from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
+from rl_training.train.update import (
     TrainStats,
     UpdateHParams,
     make_micro_batches,
@@ -62,7 +66,6 @@ from rl_training.trainer import (
     step_norm,
     train_on_rollouts,
 )
-from rl_training.wandb_log import make_wandb
 
 
 @dataclass(kw_only=True)
@@ -76,7 +79,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: object
     backend: RolloutBackend
-    task: Task
+    task: Task  # started (its resources live) until rl() closes it
+    max_trainable_tokens: int  # Dr-GRPO's constant (rollout/episodes.py, max_trainable_tokens)
     examples: list[Example]
     prompts: list[list[int]]
     sampler: PromptSampler
@@ -86,8 +90,8 @@ class Run:
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
-    skips: SkipGuard  # non-finite steps skipped so far (rl_training/step_guard.py)
-    samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/samples.py)
+    skips: SkipGuard  # non-finite steps skipped so far (rl_training/train/step_guard.py)
+    samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> (indices, Rollouts)
 
@@ -136,18 +140,19 @@ def build_probes(
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
     resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
     cfg, derived = resolved.cfg, resolved.derived
+    task = build_task(cfg)  # a user's task file is imported here: its errors come before any model loads
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, derived.run_dir, to_yaml(cfg))
     seed_all(cfg.train.seed)  # the same LoRA init on every rank
     tokenizer, model = build_policy(cfg, info.device)
     params = trainable_parameters(model)
     optimizer, scheduler = build_optimizer(params, cfg.optim, cfg.train.total_steps * cfg.train.inner_epochs)
-    examples = load_examples(cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key)
-    examples, dupes = dedupe_questions(examples)
+    examples = load_examples(cfg.data.train, task.parse)
+    examples, dupes = dedupe_questions(examples, task.problem_key)
     if dupes:
-        dist.print0(f"data: dropped {dupes} repeated questions from {cfg.data.train} (one prompt per step, P7)")
-    prompts = encode_prompts(examples, cfg.data, tokenizer)
-    evaluator = InLoopEval(cfg, tokenizer, info, derived.run_dir) if cfg.eval.every else None
+        dist.print0(f"data: dropped {dupes} repeated problems from {cfg.data.train} (one prompt per step, P7)")
+    prompts = encode_prompts(examples, cfg.data, tokenizer, task)
+    evaluator = InLoopEval(cfg, tokenizer, info, derived.run_dir, task) if cfg.eval.every else None
     sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
     seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
     start_step, resumed_state = 0, {}
@@ -157,7 +162,8 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
     rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
-    backend = with_episodes(cfg, build_backend(cfg, model, tokenizer, info, start_step), tokenizer)  # search: episodes
+    task.start(task_context(info, tokenizer, cfg))  # a sandbox pool, a retriever: fails here if the node cannot
+    backend = build_rollout(cfg, model, tokenizer, info, task, start_step)  # an Environment's episodes
     set_rng_state(rng)
     for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
         backend.republish(v, past_version_dir(resume_from, v))
@@ -173,8 +179,6 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger = MetricsLogger(derived.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
-    task = TASKS[cfg.data.format]
-    code.use_config(cfg)
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     run = Run(
         cfg=cfg,
@@ -187,6 +191,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         scheduler=scheduler,
         backend=backend,
         task=task,
+        max_trainable_tokens=max_trainable_tokens(cfg, task),
         examples=examples,
         prompts=prompts,
         sampler=sampler,
@@ -231,7 +236,7 @@ def generate_step(run: Run, step: int) -> tuple[list[int], Rollouts]:
         top_p=cfg.rollout.top_p,
         seed=sampling_seed(cfg.train.seed, run.info.rank, step),
     )
-    return idx, run.backend.generate([run.prompts[i] for i in idx], spec)
+    return idx, run.backend.generate([run.prompts[i] for i in idx], spec, examples=[run.examples[i] for i in idx])
 
 
 def publish(run: Run, step: int) -> None:
@@ -272,7 +277,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             pack_row_tokens=cfg.train.pack_row_tokens if cfg.train.pack_sequences else None,
         )
         lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.derived.seqs_per_rank, run.derived.max_trainable_tokens, run.info.device)
+        norm = step_norm(rollouts, run.derived.seqs_per_rank, run.max_trainable_tokens, run.info.device)
         run.probes.begin_step(G, advantages, [rollouts.trainable(i) for i in range(len(rollouts))], step)
         hparams = run.hparams.for_step(step)
         stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hparams, norm, run.probes)
@@ -285,7 +290,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
-    metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device))
+    metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device, run.task))
     run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
     return {
         **metrics,
@@ -395,6 +400,7 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
         finally:
             run.rollouts.close()
             run.backend.close()
+            run.task.close()
     return status
 
 

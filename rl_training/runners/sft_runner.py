@@ -24,25 +24,29 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from rl_training import dist
-from rl_training.assembly import build_optimizer, seed_all, set_cpu_threads
-from rl_training.cli import run_cli
-from rl_training.config import ConfigError
-from rl_training.config_load import to_yaml
-from rl_training.config_resolve import resolve
+from rl_training.base import dist
+from rl_training.config.load import to_yaml
+from rl_training.config.resolve import resolve
+from rl_training.config.schema import ConfigError
+from rl_training.data.gold import encode_gold_episodes
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
-from rl_training.lifeline import tie_to_launcher
-from rl_training.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
-from rl_training.platform_check import require_working_cuda
-from rl_training.run_lock import locked
-from rl_training.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.step_metrics import MetricsLogger, peak_memory
+from rl_training.metrics.step import MetricsLogger, peak_memory
+from rl_training.policy.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.runtime.cli import run_cli
+from rl_training.runtime.lifeline import tie_to_launcher
+from rl_training.runtime.lock import locked
+from rl_training.runtime.platform_check import require_working_cuda
+from rl_training.runtime.seeding import seed_all, set_cpu_threads
+from rl_training.tasks.build import build_task
+from rl_training.train.optimizer import build_optimizer
+from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
 
 
-def encode_pairs(examples, data_cfg, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt + answer + EOS token ids, loss mask: 1 on the answer and EOS) per example."""
-    prompts = encode_prompts(examples, data_cfg, tokenizer)
+def encode_pairs(examples, data_cfg, tokenizer, task) -> list[tuple[list[int], list[int]]]:
+    """(prompt + answer + EOS token ids, loss mask: 1 on the answer and EOS) per example; the prompt rendered by
+    the task, as in RL."""
+    prompts = encode_prompts(examples, data_cfg, tokenizer, task)
     out = []
     for p, ex in zip(prompts, examples, strict=True):
         answer = [*tokenizer(ex.solution, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
@@ -86,6 +90,7 @@ def sft(cfg, info) -> None:
             f"{d.run_dir} already has a final_model; pass sft.overwrite=true to replace it (and its "
             "metrics.jsonl), or choose another run.name (nothing was changed)"
         )
+    task = build_task(cfg)  # its prompt rendering and record parsing; a user's file fails here, before the model
     set_cpu_threads()
     seed_all(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
@@ -108,14 +113,10 @@ def sft(cfg, info) -> None:
         ),
         s.steps,
     )
-    examples = load_examples(
-        cfg.data.train, cfg.data.format, cfg.data.question_key, cfg.data.answer_key, limit=s.max_examples
-    )
-    pairs = encode_pairs(examples, cfg.data, tokenizer)
+    examples = load_examples(cfg.data.train, task.parse, limit=s.max_examples)
+    pairs = encode_pairs(examples, cfg.data, tokenizer, task)
     if s.gold_episodes:  # multi-turn: the gold episodes replace the prompt/answer pairs
-        from rl_training.search.gold import encode_gold_episodes
-
-        pairs = encode_gold_episodes(s.gold_episodes, cfg.data, tokenizer, limit=s.max_examples)
+        pairs = encode_gold_episodes(s.gold_episodes, cfg.data, tokenizer, task, limit=s.max_examples)
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))

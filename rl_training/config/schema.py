@@ -1,0 +1,527 @@
+"""The config schema: one typed tree for every runner, each field with its default, a one-line doc and its
+bounds (checked at load by rl_training/config/load.py), and the values derived from it (per-rank batch,
+accumulation steps) with their divisibility checks. Resolution after load: rl_training/config/resolve.py;
+the generated reference of every key: docs/config.md (rl_training/config/reference.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rl_training.base.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
+    """A bad config value; the message names the file and the dotted key."""
+
+
+def _f(
+    default: Any,
+    doc: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    secret: bool = False,
+) -> Any:
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "secret": secret}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class WandbCfg:
+    project: str = _f("", "Weights & Biases project; '' = no W&B (an optional extra: requirements-extras.txt).")
+    entity: str = _f("", "W&B entity (team or user); '' = the account's default.")
+    group: str = _f("", "W&B run group (e.g. one per sweep); '' = none.")
+    tags: list[str] = _f([], "W&B tags.")
+    mode: Literal["online", "offline"] = _f(
+        "online", "offline on nodes without internet: written to run_dir/wandb/, uploaded later with `wandb sync`."
+    )
+
+
+@dataclass
+class RunCfg:
+    output_dir: str = _f("runs", "Parent directory of run directories.")
+    name: str = _f("default", "Run name; the run directory is output_dir/name.")
+    tensorboard: bool = _f(True, "Write TensorBoard event files under run_dir/tb.")
+    progress_bar: bool = _f(
+        True, "Show progress on rank 0: a tqdm bar on a terminal, else one line every progress_every_s seconds."
+    )
+    progress_every_s: float = _f(30.0, "Without a terminal (SLURM logs): seconds between progress lines.", gt=0)
+    samples_per_step: int = _f(
+        4, "Whole rollouts kept per logged step, drawn from all ranks, in run_dir/samples/ and TensorBoard.", ge=0
+    )
+    samples_every: int = _f(1, "Keep samples every N steps.", ge=1)
+    samples_max_mb: float = _f(50.0, "Size bound of run_dir/samples/ (the oldest files are deleted).", gt=0)
+    wandb: WandbCfg = field(default_factory=WandbCfg)
+    dist_timeout_s: float = _f(
+        1800.0,
+        "How long a collective (NCCL on GPU, gloo on CPU) waits for the other ranks before the run fails; more "
+        "than sync.final_timeout_s, which the final barrier may wait for rank 0's uploads.",
+        gt=0,
+    )
+    stop_signal: Literal["SIGUSR1", "SIGUSR2", "SIGTERM", "none"] = _f(
+        "SIGUSR1",
+        "On this signal every rank checkpoints at the next step and exits with status 75 (SLURM's time-limit "
+        "warning: --signal=B:USR1@N); none = keep the signal's default action.",
+    )
+    lock: bool = _f(
+        True,
+        "Lock the run directory (run_dir/LOCK) so that a second run there fails at once; false only where the file "
+        "system cannot lock (docs/reliability.md), and then never start two runs on one directory.",
+    )
+
+
+@dataclass
+class ModelCfg:
+    name_or_path: str = _f("models/tiny-qwen2", "HF hub id or local path of the base causal LM.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32",
+        "Weights and compute dtype (trainer and vLLM engine). float16 is for evals only: the RL and SFT "
+        "runners refuse it (no fp16 gradient scaler).",
+    )
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = _f(
+        "sdpa", "Attention kernel used by the trainer's forward passes."
+    )
+    trust_remote_code: bool = _f(False, "Allow custom model code from the model directory.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+
+
+@dataclass
+class LoraCfg:
+    r: int = _f(16, "LoRA rank.", ge=1)
+    alpha: float = _f(32.0, "LoRA alpha (scaling = alpha / r).", gt=0)
+    dropout: float = _f(
+        0.0,
+        "LoRA dropout. Used by LoRA SFT only: the RL trainer runs the model in eval mode (old and new "
+        "log-probs exactly comparable), where dropout does nothing.",
+        ge=0,
+        le=1,
+    )
+    target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
+
+
+@dataclass
+class TaskCfg:
+    """The task (rl_training/tasks, docs/extending.md): one object serves training, SFT, evals and synthesize."""
+
+    name: str = _f(
+        "reverse",
+        "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio) or your own: "
+        "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
+        "(data.format, the old key, is read as task.name.)",
+    )
+    args: dict[str, Any] = _f({}, "Keyword arguments the task is built with (a mapping; task.args.KEY=value).")
+
+
+def split_task_spec(name: str) -> tuple[str, str, str]:
+    """task.name as ('builtin', name, '') | ('file', path, attr) | ('module', dotted module, attr): a spec with a
+    ':' names an attribute of a Python file (a path ending in .py) or of an importable module."""
+    if ":" not in name:
+        return "builtin", name, ""
+    where, _, attr = name.rpartition(":")
+    return ("file" if where.endswith(".py") else "module"), where, attr
+
+
+@dataclass
+class DataCfg:
+    train: str = _f(
+        "data/reverse/train.jsonl",
+        "Training prompts: a .jsonl/.json/.parquet path or a `datasets` name 'name[:config]@split'.",
+    )
+    eval: str = _f("data/reverse/heldout.jsonl", "Held-out prompts, same forms as `train`.")
+    question_key: str = _f("question", "Record field of the question (the built-in math, reverse and search tasks).")
+    answer_key: str = _f("answer", "Record field of the reference answer or solution (the same tasks).")
+    prompt_template: str = _f("{question}=", "Prompt text; '{question}' is replaced by the question.")
+    system_prompt: str = _f("", "System message, used only with use_chat_template.")
+    use_chat_template: bool = _f(False, "Wrap the prompt with the tokenizer's chat template.")
+    max_prompt_tokens: int = _f(256, "Prompts longer than this are an error.", ge=1)
+
+
+@dataclass
+class RewardCfg:
+    timeout_s: float = _f(5.0, "Per-completion time limit of a reward function; over it scores 0.", gt=0)
+
+
+@dataclass
+class SandboxCfg:
+    workers: int = _f(
+        0, "Sandbox workers per rank for the code tasks; 0 = 4 per CPU core the rank may use (docs/code.md).", ge=0
+    )
+    mode: Literal["strict", "weak"] = _f(
+        "strict",
+        "strict: bubblewrap with user/pid/net/ipc/uts namespaces, refused where they are unavailable; weak: "
+        "rlimits and an unprivileged uid only, warned and counted (reward/sandbox_weak) every step.",
+    )
+    memory_mb: int = _f(1024, "Address-space limit (RLIMIT_AS) of each program, MiB.", ge=64)
+    output_kb: int = _f(1024, "Largest reply (a returned value, a test's stdout) read from a program, KiB.", ge=1)
+
+
+@dataclass
+class RolloutCfg:
+    backend: Literal["auto", "hf", "vllm", "server"] = _f(
+        "auto",
+        "Generation backend: vllm (colocated engine), hf (transformers generate), server (vLLM OpenAI servers at "
+        "server.urls, docs/server.md), auto = vllm if installed.",
+    )
+    prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
+    group_size: int = _f(8, "Completions per prompt (G).", ge=2)
+    max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
+    min_new_tokens: int = _f(
+        0,
+        "Stop tokens masked until this many (<= max_new_tokens); 0 = off. For fixed-length benchmarks "
+        "(scripts/bench_scaling.py): the sampler then differs from the policy the trainer scores.",
+        ge=0,
+    )
+    temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
+    top_p: float = _f(
+        1.0,
+        "Nucleus sampling mass. <1 refuses loss.tis_cap (why: docs/rollout.md, 'Log-probs and the canary').",
+        gt=0,
+        le=1,
+    )
+    gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
+    max_async_level: int = _f(
+        0,
+        "K: batch t is sampled by the policy of step max(0, t-K) while the trainer trains earlier batches "
+        "(a generation thread per rank); 0 = synchronous. K > 0 needs backend=server, lora sync and loss.tis_cap.",
+        ge=0,
+        le=64,
+    )
+
+
+@dataclass
+class VllmCfg:
+    memory_fraction: float = _f(
+        0.15,
+        "gpu_memory_utilization per rank: share of GPU memory (CPU: of RAM) vLLM reserves for weights + KV cache.",
+        gt=0,
+        le=1,
+    )
+    max_model_len: int = _f(
+        0, "Longest prompt + completion; 0 = data.max_prompt_tokens + max(rollout, eval).max_new_tokens.", ge=0
+    )
+    kv_cache_gb: float = _f(
+        0.0,
+        "KV cache size in GiB per rank; 0 = derive it from memory_fraction. Set it on CPU: "
+        "there the fraction is charged with the whole process's RSS, trainer included.",
+        ge=0,
+    )
+    enforce_eager: bool = _f(True, "Skip CUDA-graph capture (faster start; graphs speed up decoding on GPU).")
+    weight_sync: Literal["merge", "lora"] = _f(
+        "merge",
+        "How the colocated engine gets new weights: merge (the LoRA delta merged into every targeted weight, "
+        "pushed in place) or lora (the adapter itself, from a tmpfs dir, through vLLM's LoRA path: a sync that "
+        "does not grow with the base model, paid for by LoRA kernels in every decode step). docs/benchmarks.md.",
+    )
+    sleep: bool = _f(True, "Sleep while the trainer runs, on CUDA; the engine stays awake on CPU.")
+    sleep_level: int = _f(
+        2,
+        "vLLM sleep level: 2 discards the weights (the sync after each update rewrites them all), 1 backs them "
+        "up to host memory first (a host copy out and back per step).",
+        ge=1,
+        le=2,
+    )
+
+
+@dataclass
+class ServerCfg:
+    urls: list[str] = _f(
+        [], "Base URLs of the vLLM OpenAI-compatible servers (rollout.backend=server), e.g. ['http://node1:8000']."
+    )
+    served_model: str = _f(
+        "", "The servers' --served-model-name (weight_sync full/nccl); '' = the base model /v1/models lists."
+    )
+    weight_sync: Literal["lora", "full", "nccl"] = _f(
+        "lora",
+        "How new weights reach the servers: lora (versioned adapters via /v1/load_lora_adapter), full (merged "
+        "safetensors + /collective_rpc reload_weights, needs VLLM_SERVER_DEV_MODE=1), nccl (CUDA only).",
+    )
+    adapter_dir: str = _f(
+        "", "Where rank 0 publishes weights for the servers to read (a filesystem they share); '' = run_dir/published."
+    )
+    keep_versions: int = _f(2, "Adapter versions kept loaded per server; older ones are unloaded and deleted.", ge=1)
+    timeout_s: float = _f(600.0, "Per-request time limit (a whole completion group, or one publish call).", gt=0)
+    retries: int = _f(3, "Retries of a failed request (connection error, timeout, 5xx) before the run stops.", ge=0)
+    backoff_s: float = _f(2.0, "Wait before the first retry; it doubles with every further retry.", ge=0)
+    startup_timeout_s: float = _f(600.0, "At setup, wait at most this long for every server's /health.", gt=0)
+    concurrency: int = _f(64, "Requests a rank keeps in flight (one per prompt group), spread over the urls.", ge=1)
+    nccl_port: int = _f(29555, "weight_sync=nccl: rendezvous port on rank 0's host (server i uses port + i).", ge=1)
+
+
+@dataclass
+class TrainCfg:
+    total_steps: int = _f(100, "RL steps (rollout batches) to train; resume trains up to this.", ge=1)
+    seed: int = _f(0, "Base seed; rank r uses seed + r for sampling.", ge=0)
+    micro_batch_groups: int = _f(4, "Prompt groups per micro-batch per rank (groups are never split).", ge=1)
+    inner_epochs: int = _f(1, "Optimizer steps over each rollout batch (PPO-style reuse).", ge=1)
+    drop_zero_adv_groups: bool = _f(
+        False,
+        "Skip forward/backward for groups whose advantages are all 0 (same gradient, less compute); "
+        "not allowed with loss.kl_coef > 0, whose gradient those groups still carry.",
+    )
+    max_consecutive_skips: int = _f(
+        3, "Stop the run after this many optimizer steps in a row skipped for a non-finite reward/loss/grad.", ge=1
+    )
+    pack_sequences: bool = _f(
+        False,
+        "Run the model on each micro-batch's sequences packed end to end without padding (position ids, "
+        "block-diagonal attention; rl_training/train/packing.py); same log-probs, loss and gradient as padded.",
+    )
+    pack_row_tokens: int = _f(
+        0,
+        "Width of a packed row in tokens; 0 = the micro-batch's longest sequence (bin packing, for sdpa/eager "
+        "on CPU); large = one row (flash-attention varlen on GPU).",
+        ge=0,
+    )
+
+
+@dataclass
+class LossCfg:
+    type: Literal["dr_grpo", "grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"] = _f(
+        "dr_grpo", "Policy-gradient objective (docs/objectives.md)."
+    )
+    clip_low: float | None = _f(
+        None, "Ratio clip below, 1 - clip_low; unset = the objective's paper value.", ge=0, le=1
+    )
+    clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
+    kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
+    kl_log_every: int = _f(
+        10,
+        "With kl_coef = 0 the reference forward only measures train/kl: run it on every this many steps (the "
+        "first included), train/kl logged on those steps only; 0 = never. With kl_coef > 0 it runs every step.",
+        ge=0,
+    )
+    kl_estimator: Literal["k1", "k3"] = _f(
+        "k3",
+        "Per-token KL penalty: k1 = log(pi/ref) with the gradient sg(w k1) grad log pi, w = pi/pi_old x the TIS "
+        "weight (that of KL(pi||ref)); "
+        "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). docs/objectives.md.",
+    )
+    tis_cap: float = _f(
+        0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
+    )
+
+
+@dataclass
+class ProbeCfg:
+    enabled: bool = _f(True, "Run the gradient-noise-scale and effective-sample-size probes every step.")
+    gns_levels: list[Literal["unit", "micro", "rank"]] = _f(
+        ["micro", "rank"],
+        "GNS small-gradient levels: micro, rank (nearly free), unit (exact per prompt group, costs about one "
+        "more LoRA weight-gradient pass); unidentifiable levels (one micro-batch, one rank) are dropped.",
+    )
+    unit_every: int = _f(
+        4,
+        "The unit level measures on every this many steps only (its per-group norms cost about one more LoRA "
+        "weight-gradient pass); its EMA skips the other steps. micro and rank measure every step.",
+        ge=1,
+    )
+    gns_ema_beta: float = _f(
+        0.95, "EMA factor for the GNS numerator and denominator (window ~ (1+b)/(1-b)).", ge=0, le=0.9999
+    )
+    step_time_fixed_s: float = _f(
+        0.0,
+        "t_f of the step-time model t_f + t_u*B (per-step overhead: sync, generation tail, optimizer), from "
+        "`scripts/bench.py --batches 8,16`; with step_time_per_group_s it enables probe/gns/b_star. 0 = unknown.",
+        ge=0,
+    )
+    step_time_per_group_s: float = _f(0.0, "t_u: marginal step time per prompt group (see step_time_fixed_s).", ge=0)
+
+
+@dataclass
+class OptimCfg:
+    lr: float = _f(1e-4, "Peak learning rate (AdamW).", gt=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
+    beta1: float = _f(0.9, "AdamW beta1.", ge=0, le=1)
+    beta2: float = _f(0.999, "AdamW beta2.", ge=0, le=1)
+    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
+    warmup_steps: int = _f(0, "Linear warmup, in optimizer steps.", ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = _f("constant", "LR schedule after warmup.")
+    max_grad_norm: float = _f(1.0, "Clip the global grad norm to this (0 disables clipping).", ge=0)
+
+
+@dataclass
+class CkptCfg:
+    every: int = _f(50, "Save a checkpoint every N steps (and at the end); 0 = only at the end.", ge=0)
+    keep_last: int = _f(3, "Checkpoints to keep (older ones are deleted after a successful save).", ge=1)
+    resume: str = _f("none", "'none', 'latest' (newest complete checkpoint of this run) or a path.")
+
+
+@dataclass
+class SyncCfg:
+    # No field can carry a credential: the remote is a bare name (its keys live in RCLONE_CONFIG_<NAME>_*
+    # environment variables) and check_sync_target rejects rclone's inline ':backend,key=value:' syntax.
+    remote: str = _f(
+        "",
+        "rclone remote for checkpoint uploads, configured by RCLONE_CONFIG_<NAME>_* environment variables; "
+        "'' = $RL_SYNC_REMOTE, and no uploads when both are empty.",
+    )
+    bucket: str = _f("", "Bucket (or top directory) on the remote; '' = $RL_SYNC_BUCKET.")
+    path: str = _f("", "Prefix in the bucket; '' = $RL_SYNC_PATH. Uploads go to remote:bucket/path/<run.name>/.")
+    retries: int = _f(3, "Retries of a failed upload (after the first attempt).", ge=0)
+    backoff_s: float = _f(5.0, "Wait before the first retry; it doubles with every further retry.", ge=0)
+    final_timeout_s: float = _f(
+        300.0,
+        "At the end of a run, wait at most this long for pending uploads; then they are abandoned (logged).",
+        gt=0,
+    )
+    stop_timeout_s: float = _f(
+        120.0,
+        "After a stop signal, wait at most this long instead (if shorter): SLURM's --signal margin must also "
+        "hold a step and a checkpoint.",
+        gt=0,
+    )
+
+
+@dataclass
+class EvalCfg:
+    every: int = _f(0, "In-loop held-out eval (data.eval) every N steps and at the last step; 0 = off.", ge=0)
+    num_prompts: int = _f(64, "Held-out prompts scored by the demo / in-loop eval (0 = all).", ge=0)
+    max_new_tokens: int = _f(32, "Generation limit at eval.", ge=1)
+    num_samples: int = _f(
+        8, "Sampled completions per problem for pass@k / maj@k (n >= every k; 0 = greedy only).", ge=0
+    )
+    ks: list[int] = _f([1, 4, 8], "k values of pass@k and maj@k (each 1 <= k <= num_samples).")
+    temperature: float = _f(1.0, "Sampling temperature of the pass@k / maj@k samples.", gt=0)
+    top_p: float = _f(1.0, "Nucleus sampling mass of the eval samples.", gt=0, le=1)
+    seed: int = _f(
+        1234, "Eval sampling seed (problem i uses seed + i): every checkpoint draws with the same seeds.", ge=0
+    )
+
+
+@dataclass
+class SftCfg:
+    steps: int = _f(200, "SFT optimizer steps.", ge=1)
+    batch_size: int = _f(32, "Prompt/answer pairs per step, summed over ranks.", ge=1)
+    lr: float = _f(1e-3, "SFT learning rate (AdamW; after warmup, sft.schedule).", gt=0)
+    warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = _f("cosine", "SFT LR schedule after warmup.")
+    full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
+    max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+    gold_episodes: str = _f(
+        "", "Multi-turn gold episodes jsonl (scripts/make_search_data.py): train on them, observations masked."
+    )
+    overwrite: bool = _f(
+        False, "Replace an existing run_dir/final_model (and its metrics.jsonl); false = refuse to start."
+    )
+
+
+@dataclass
+class SearchCfg:
+    """The retriever of the search task family (task.name=search*); docs/search.md."""
+
+    retriever: Literal["bm25", "http", "none"] = _f(
+        "bm25", "bm25: in-process over `corpus`; http: a /retrieve server at `url`; none: retrieves nothing (ablation)."
+    )
+    corpus: str = _f("data/search/corpus.jsonl", 'Corpus jsonl of {"id", "contents"} for retriever=bm25.')
+    bm25_index: str = _f("", "retriever=bm25: load the index from this directory, or build and save it there.")
+    url: str = _f("", "retriever=http: the server's http://host:port/retrieve (NO_PROXY gets its host).")
+    request_shape: Literal["batched", "single"] = _f(
+        "batched", "HTTP request shape: batched (Search-R1: all queries in one request) or single (SkyRL: one each)."
+    )
+    topk: int = _f(3, "Passages per search (Search-R1: 3).", ge=1, le=100)
+    timeout_s: float = _f(10.0, "Per HTTP request; a timed-out search becomes an error observation.", gt=0)
+    retries: int = _f(2, "Extra HTTP attempts after a connection error, time-out or 5xx status.", ge=0, le=10)
+
+
+@dataclass
+class MultiTurnCfg:
+    """Episode limits of a multi-turn task (an Environment; rollout/episodes.py)."""
+
+    max_turns: int = _f(4, "Turns per episode, the answering one included (Search-R1: 4).", ge=1, le=32)
+    max_tokens_per_turn: int = _f(500, "Sampled tokens per turn (Search-R1: 500).", ge=1)
+    max_response_tokens: int = _f(
+        2048,
+        "Episode budget after the prompt, sampled and observation tokens; past it the episode ends truncated.",
+        ge=1,
+    )
+    max_obs_tokens: int = _f(512, "Tokens of one observation; longer ones are cut and counted.", ge=1)
+    stop: list[str] = _f(
+        [],
+        "Strings that end a turn (besides EOS), kept in the tokens; [] = the environment's own (search: "
+        "</search>, </answer>).",
+    )
+
+
+@dataclass
+class Config:
+    run: RunCfg = field(default_factory=RunCfg)
+    model: ModelCfg = field(default_factory=ModelCfg)
+    lora: LoraCfg = field(default_factory=LoraCfg)
+    task: TaskCfg = field(default_factory=TaskCfg)
+    data: DataCfg = field(default_factory=DataCfg)
+    reward: RewardCfg = field(default_factory=RewardCfg)
+    sandbox: SandboxCfg = field(default_factory=SandboxCfg)
+    rollout: RolloutCfg = field(default_factory=RolloutCfg)
+    vllm: VllmCfg = field(default_factory=VllmCfg)
+    server: ServerCfg = field(default_factory=ServerCfg)
+    train: TrainCfg = field(default_factory=TrainCfg)
+    loss: LossCfg = field(default_factory=LossCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    probe: ProbeCfg = field(default_factory=ProbeCfg)
+    ckpt: CkptCfg = field(default_factory=CkptCfg)
+    sync: SyncCfg = field(default_factory=SyncCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    sft: SftCfg = field(default_factory=SftCfg)
+    search: SearchCfg = field(default_factory=SearchCfg)
+    multiturn: MultiTurnCfg = field(default_factory=MultiTurnCfg)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed once from the config and the world size."""
+
+    world_size: int
+    groups_per_rank: int  # prompt groups each rank generates and trains per step
+    seqs_per_rank: int  # groups_per_rank * group_size
+    accum_steps: int  # micro-batches per optimizer step on each rank
+    micro_batch_seqs: int  # sequences per micro-batch
+    run_dir: Path
+
+
+def derive(cfg: Config, world_size: int) -> Derived:
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % world_size:
+        raise ConfigError(
+            f"rollout.prompts_per_step={r.prompts_per_step} is not divisible by the world "
+            f"size {world_size}: every rank must train the same number of prompt groups"
+        )
+    groups = r.prompts_per_step // world_size
+    if groups % t.micro_batch_groups:
+        raise ConfigError(
+            f"prompt groups per rank ({groups} = rollout.prompts_per_step / world size) is not "
+            f"divisible by train.micro_batch_groups={t.micro_batch_groups}"
+        )
+    return Derived(
+        world_size=world_size,
+        groups_per_rank=groups,
+        seqs_per_rank=groups * r.group_size,
+        accum_steps=groups // t.micro_batch_groups,
+        micro_batch_seqs=t.micro_batch_groups * r.group_size,
+        run_dir=Path(cfg.run.output_dir) / cfg.run.name,
+    )
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = _field_types(cls)[f.name]
+        out += all_keys(tp, f"{prefix}{f.name}.") if dataclasses.is_dataclass(tp) else [prefix + f.name]
+    return out
+
+
+def get_key(cfg: Config, key: str) -> Any:
+    """The value of a dotted key such as 'model.name_or_path'."""
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)

@@ -1,5 +1,0 @@
-"""The exit statuses a run or tool ends with, for launchers and shell scripts (scripts/slurm/rl_train.sbatch tests
-75 and 2). A leaf: slurm_launch reads them without importing torch."""
-
-USER_ERROR_EXIT_CODE = 2  # bad input or environment (rl_training.errors.UserError), one line on stderr
-STOPPED_EXIT_CODE = 75  # stopped on run.stop_signal after a checkpoint; resume with ckpt.resume=latest (EX_TEMPFAIL)

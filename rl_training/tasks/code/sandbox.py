@@ -1,0 +1,317 @@
+"""A pool of long-lived bubblewrap sandboxes, each a template process that forks one fresh candidate per program.
+
+Isolation (strict mode, the default): bwrap started as an unprivileged host uid (65534 when the trainer is
+root: as root without a user namespace the sandbox would keep full capabilities and RLIMIT_NPROC would not
+hold), with new user (uid 65534 inside, no nested user namespaces), pid, net, ipc and uts namespaces, a
+read-only view of /usr only (plus the interpreter's prefix), a fresh /proc and /dev, a private size-limited
+/tmp, an empty environment, a new session (no TIOCSTI into the trainer's terminal) and --die-with-parent.
+Each candidate gets rlimits (CPU, address space, processes, file size, open files, no core). Where user
+namespaces are unavailable the pool refuses to start (`SandboxUnavailable` says why and what to do), unless
+mode='weak' is asked for: no namespaces, only the unprivileged uid and the rlimits; it warns on every batch
+and the programs it ran are counted (`Pool.weak_runs`).
+
+The pool only runs programs and moves plain messages; harness.py holds the tests and decides verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Literal, TypeVar
+
+from rl_training.tasks.code import worker
+
+NOBODY = 65534
+# A job mostly waits on round trips between two processes, so more workers than cores keeps the cores busy;
+# on 2 busy cores (scripts/bench_sandbox.py) 4 per core gave 168 programs/s, 2 per core 118. More lets
+# CPU-bound programs share a core enough to risk their wall-clock deadline (docs/code.md).
+WORKERS_PER_CORE = 4
+_WORKER_SRC = Path(worker.__file__).read_text()
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot start on this machine; the message says why and what to do."""
+
+
+class SandboxBroken(RuntimeError):
+    """A worker stopped answering its control protocol (killed, stopped or crashed); it is replaced."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int = 0  # RLIMIT_CPU per candidate; 0 = the program's wall deadline rounded up, + 1 s
+    mem_bytes: int = 1 << 30  # RLIMIT_AS per candidate
+    nproc: int = 8  # RLIMIT_NPROC: processes of the sandbox uid in the worker (bwrap pid 1 and the template count)
+    fsize_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a candidate may write
+    nofile: int = 64  # RLIMIT_NOFILE
+    msg_bytes: int = 1 << 20  # largest message (a returned value, captured stdout) the trusted side reads
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    workers: int = 0  # 0 = 4 per CPU core this process may use (WORKERS_PER_CORE)
+    mode: Literal["strict", "weak"] = "strict"
+    limits: Limits = Limits()
+    tmpfs_bytes: int = 64 << 20  # the private /tmp of each worker
+    python: str = ""  # interpreter run inside; "" = this one if the sandbox uid can read it, else /usr/bin/python3
+
+
+def _interpreter_candidates(setting: str) -> list[str]:
+    if setting:
+        return [setting]
+    here = os.path.realpath(sys.executable)
+    return [here] + ([p] if (p := shutil.which("python3", path="/usr/bin")) and os.path.realpath(p) != here else [])
+
+
+def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int) -> list[str]:
+    """The bwrap command line of one strict worker (see the module docstring for what each part stops)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(
+            "bubblewrap is not installed: `apt-get install -y bubblewrap` (Debian/Ubuntu), or set "
+            "sandbox.mode=weak to run programs with rlimits only (no namespaces; see docs/code.md)"
+        )
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
+    argv = [bwrap, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
+    argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for d in ("bin", "lib", "lib64", "sbin"):  # merged-/usr symlinks, or read-only binds where they are dirs
+        p = Path("/") / d
+        if p.is_symlink():
+            argv += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            argv += ["--ro-bind", str(p), str(p)]
+    if not prefix.startswith("/usr/") and prefix != "/usr":
+        argv += ["--ro-bind", prefix, prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    # bwrap's /dev is a tmpfs without a size limit: read-only, with a size-limited /dev/shm of its own
+    argv += ["--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--clearenv", "--new-session", "--die-with-parent"]
+    return [*argv, "--", python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(ctl_fd), "strict"]
+
+
+class Worker:
+    """One sandbox: a bwrap process whose template forks candidates; driven over a SOCK_SEQPACKET socket."""
+
+    def __init__(self, settings: PoolSettings, python: str):
+        self.settings, self.python = settings, python
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        strict = settings.mode == "strict"
+        fd = theirs.fileno()
+        argv = (
+            bwrap_argv(python, settings.tmpfs_bytes, fd)
+            if strict
+            else [python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(fd), "weak"]
+        )
+        drop = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.proc = self._start(argv, fd, drop)
+        except OSError as e:
+            ctl.close()
+            theirs.close()
+            raise SandboxUnavailable(f"cannot start the sandbox ({argv[0]}): {e}") from None
+        theirs.close()
+        self.ctl = ctl
+        try:
+            self.request({"op": "ping"}, timeout=20.0)
+        except SandboxBroken:
+            self._err.seek(0)
+            err = self._err.read().decode(errors="replace").strip()[-2000:]
+            self.close()
+            raise SandboxUnavailable(_explain(err, strict)) from None
+
+    def _start(self, argv: list[str], fd: int, drop: dict) -> subprocess.Popen:
+        return subprocess.Popen(
+            argv,
+            pass_fds=[fd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._err,
+            env={},
+            cwd="/",
+            start_new_session=True,
+            **drop,
+        )
+
+    def send(self, msg: dict, fds: tuple[int, ...] = ()) -> None:
+        try:
+            self.ctl.settimeout(REAP_S)
+            socket.send_fds(self.ctl, [json.dumps(msg).encode()], list(fds))
+        except OSError as e:  # socket.timeout is an OSError
+            raise SandboxBroken(f"worker did not take {msg['op']!r}: {type(e).__name__}") from None
+
+    def request(self, msg: dict, timeout: float) -> dict:
+        self.send(msg)
+        try:
+            self.ctl.settimeout(timeout)
+            data = self.ctl.recv(1 << 16)
+        except OSError as e:
+            raise SandboxBroken(f"worker did not answer {msg['op']!r}: {type(e).__name__}") from None
+        if not data:
+            raise SandboxBroken(f"worker closed during {msg['op']!r}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        """Kill the whole sandbox: SIGKILL to bwrap's session takes its pid namespace (every process) with it."""
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.ctl.close()
+        self._err.close()
+
+
+def _explain(err: str, strict: bool) -> str:
+    if not strict:
+        return f"the weak-mode worker did not start: {err or 'no error output'}"
+    return (
+        f"bubblewrap cannot create the sandbox here ({err or 'no error output'}). It needs unprivileged user "
+        "namespaces: check `sysctl user.max_user_namespaces` (> 0), `kernel.unprivileged_userns_clone=1` "
+        "(Debian), `kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+), or a container started "
+        "with a seccomp profile that allows clone(CLONE_NEWUSER). Run `python -m rl_training.tasks.code.check` to "
+        "test a node. To run anyway without namespaces, set sandbox.mode=weak (warned and counted every step)."
+    )
+
+
+REAP_S = 5.0  # a worker that takes longer to start a candidate or to kill and reap a job's processes is broken
+T = TypeVar("T")
+
+
+class JobTimeout(Exception):
+    """The program's wall-clock deadline passed."""
+
+
+class Job:
+    """The trusted end of one candidate's socket: request/answer with the job's deadline and message cap.
+    Raises JobTimeout past the deadline, worker.ProtocolError for an oversized, malformed or cut message."""
+
+    def __init__(self, sock: socket.socket, deadline: float, max_bytes: int):
+        self.sock, self.deadline, self.max_bytes = sock, deadline, max_bytes
+
+    def ask(self, msg: dict) -> dict:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise JobTimeout
+        self.sock.settimeout(left)
+        try:
+            worker.send_msg(self.sock, msg)
+            reply = worker.recv_msg(self.sock, self.max_bytes)
+        except TimeoutError:
+            raise JobTimeout from None
+        except OSError as e:  # the candidate died or closed its end
+            raise worker.ProtocolError(f"candidate gone: {type(e).__name__}") from None
+        if not isinstance(reply, dict):
+            raise worker.ProtocolError("reply is not an object")
+        return reply
+
+
+@dataclass(frozen=True)
+class Ran(Generic[T]):
+    result: T | None  # what drive() returned (None when the worker broke)
+    clean: bool  # the worker confirmed every process of the job was killed and reaped
+    status: int | None  # wait status of the candidate if it had ended on its own (classification hint only)
+
+
+class Pool:
+    """Idle workers handed out one job at a time; a worker that misbehaves is replaced by a fresh one."""
+
+    def __init__(self, settings: PoolSettings = PoolSettings()):
+        self.settings = settings
+        n = settings.workers or WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+        self.python = self._pick_python()
+        self._idle: list[Worker] = []
+        self._cv = threading.Condition()
+        self.weak_runs = 0
+        self.restarts = 0
+        self.size = n
+        # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it ends:
+        # every worker is started from this one long-lived thread, never from a scoring thread.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
+        try:
+            for _ in range(n):
+                self._idle.append(self._spawn())
+        except BaseException:
+            self.close()
+            raise
+
+    def _pick_python(self) -> str:
+        errors = []
+        for py in _interpreter_candidates(self.settings.python):
+            try:
+                Worker(self.settings, py).close()
+                return py
+            except SandboxUnavailable as e:
+                errors.append(f"{py}: {e}")
+        raise SandboxUnavailable("; ".join(errors))
+
+    def _spawn(self) -> Worker:
+        return self._spawner.submit(Worker, self.settings, self.python).result()
+
+    def acquire(self) -> Worker:
+        with self._cv:
+            self._cv.wait_for(lambda: self._idle)
+            return self._idle.pop()
+
+    def release(self, w: Worker, broken: bool) -> None:
+        if broken:
+            w.close()
+            self.restarts += 1
+            w = self._spawn()
+        with self._cv:
+            self._idle.append(w)
+            self._cv.notify()
+
+    def run(self, drive: Callable[[Job], T], timeout_s: float, limits: Limits | None = None) -> Ran[T]:
+        """drive(job) against a fresh candidate in an idle worker, then every process of the job killed and
+        reaped. `clean` is False when the worker failed to confirm that (it is then replaced, which kills its
+        whole pid namespace): a caller must not report a pass for such a run."""
+        limits = limits or self.settings.limits
+        if not limits.cpu_s:  # CPU time can never outlast the wall deadline; the limit backs it up
+            limits = dataclasses.replace(limits, cpu_s=math.ceil(timeout_s) + 1)
+        w = self.acquire()
+        ours, theirs = socket.socketpair()
+        broken, result, status = False, None, None
+        try:
+            try:
+                w.send({"op": "run", "limits": limits.as_dict()}, fds=(theirs.fileno(),))
+            finally:
+                theirs.close()
+            result = drive(Job(ours, time.monotonic() + timeout_s, limits.msg_bytes))
+        except SandboxBroken:
+            broken = True
+        finally:
+            ours.close()
+            if not broken:
+                try:
+                    status = w.request({"op": "reap"}, timeout=REAP_S).get("status")
+                except SandboxBroken:
+                    broken = True
+            if self.settings.mode == "weak":
+                self.weak_runs += 1
+            self.release(w, broken)
+        return Ran(result, not broken, status if isinstance(status, int) else None)
+
+    def close(self) -> None:
+        with self._cv:
+            for w in self._idle:
+                w.close()
+            self._idle.clear()
+        self._spawner.shutdown()
