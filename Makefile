@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -27,16 +27,21 @@ demo-search: setup
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
 
+# Every tier (what CI runs: .ci/run). The tiers are folders: tests/unit/<package>/, tests/integration/,
+# tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/demos/ (the learning demos, minutes each).
 test: setup
 	$(PY) -m pytest -q
 
+# unit + integration without the tests marked slow: the everyday loop (under 10 minutes on 2 cores)
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q tests/unit tests/integration -m "not slow"
 
 # SLURM wrapper on a real local cluster (root; ../shared/tools/slurm_local.sh), rclone upload, shell scripts.
 test-cluster: setup
-	$(PY) -m pytest -q tests/test_slurm.py tests/test_slurm_launcher.py tests/test_stop_signal.py tests/test_ckpt_sync.py \
-	  tests/test_lambda_scripts.py
+	$(PY) -m pytest -q tests/cluster
+
+test-demos: setup
+	$(PY) -m pytest -q tests/demos
 
 quality: setup
 	.venv/bin/ruff check .

@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny model and the synthetic data, built once per session in a temp dir."""
+"""Fixtures every tier shares: the tiny model, the synthetic data and the warm (SFT) model, built once per session
+in a temp dir; a sandbox pool; and the tier marker of each test (its folder)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-# Nothing in the tests may reach a model hub.
+# Nothing in the tests may reach a model hub (set before the helpers import transformers, which reads it once).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, data_overrides, require_debian_packages
 
 # What an in-process vLLM engine writes into os.environ for its own workers (vllm/platforms/cpu.py: LD_PRELOAD of
 # torch's libgomp, LOCAL_WORLD_SIZE=tp size, VLLM_* and TORCHINDUCTOR_* settings). Left there, every later
@@ -31,6 +32,17 @@ def _no_engine_env_leaks():
     os.environ.update(_ENV_AT_START)
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """A 2-worker sandbox pool (bubblewrap: skipped without it, failed under RL_REQUIRE_CLUSTER_TESTS=1)."""
+    require_debian_packages({"bwrap": "bubblewrap"})
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings
+
+    p = Pool(PoolSettings(workers=2))
+    yield p
+    p.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from rl_training.policy.tiny_model import make_tiny_model
@@ -43,10 +55,6 @@ def reverse_data(tmp_path_factory) -> Path:
     from rl_training.tasks.reverse import write_reverse_data
 
     return write_reverse_data(tmp_path_factory.mktemp("data") / "reverse", n_train=200, n_heldout=32)
-
-
-def data_overrides(reverse_data: Path) -> list[str]:
-    return [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
 
 
 @pytest.fixture(scope="session")
@@ -78,20 +86,18 @@ def run_overrides(warm_model, reverse_data, tmp_path) -> list[str]:
     return [f"model.name_or_path={warm_model}", *data_overrides(reverse_data), f"run.output_dir={tmp_path / 'runs'}"]
 
 
-# Test layers (the unit / integration / cluster markers of pyproject.toml), by file: cluster tests need a real
-# Slurm, rclone or the cluster shell scripts; integration tests run the real runner, torchrun, vLLM or a server;
-# everything else is a unit test of pure functions and small components. `pytest -m unit` is the fast loop.
-CLUSTER = {"test_slurm", "test_ckpt_sync", "test_lambda_scripts", "test_search_slurm", "test_setup_script"}
-INTEGRATION = {
-    "test_runner", "test_ddp", "test_evals", "test_vllm_backend", "test_vllm_lora", "test_server_backend",
-    "test_server_gpu", "test_reliability_runs", "test_reliability_faults", "test_demo", "test_gpu", "test_gpu_check",
-    "test_bench", "test_stop_signal", "test_code_humaneval", "test_code_evals", "test_sft_and_tasks", "test_grading",
-}  # fmt: skip
+# Test tiers are folders: tests/unit/<package>/ (pure functions and small components), tests/integration/ (the
+# real runner, torchrun, vLLM or a server, small), tests/cluster/ (a real Slurm, rclone or the cluster shell
+# scripts), tests/demos/ (the learning demos). Each test gets its folder's marker (`pytest -m unit` is the fast
+# loop; `make test-fast` is unit + integration without the slow ones).
+TIERS = ("unit", "integration", "cluster", "demos")
 
 
-def layer_of(module_name: str) -> str:
-    name = module_name.rpartition(".")[2]
-    return "cluster" if name in CLUSTER else "integration" if name in INTEGRATION else "unit"
+def tier_of(path: Path) -> str:
+    rel = path.resolve().relative_to(Path(__file__).resolve().parent)
+    if rel.parts[0] not in TIERS:
+        raise pytest.UsageError(f"{rel}: a test module lives in one of tests/{{{','.join(TIERS)}}}/")
+    return rel.parts[0]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,7 +106,7 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     for item in items:
-        item.add_marker(getattr(pytest.mark, layer_of(item.module.__name__)))
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
 
     if torch.cuda.is_available():
         return

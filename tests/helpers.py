@@ -1,20 +1,71 @@
-"""Helpers shared by the trainer and objective tests: a float64 LoRA policy, fake rollouts, one update."""
+"""Everything the tests share that is not a fixture (fixtures: the conftest.py of each tier): paths and configs,
+the docs page's code blocks, launching torchrun and reading a run back, system packages, a float64 LoRA policy
+and fake rollouts, probe and backend stand-ins, the local Slurm cluster's commands, W&B's offline records.
+No test module imports another: what two of them need lives here."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
+import shutil
 import socket
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import NoReturn
 
+import pytest
 import torch
 
-from rl_training.algs.objectives import OBJECTIVES, StepNorm
+from rl_training.algs.common import token_logprobs
+from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.config.schema import LoraCfg
 from rl_training.policy.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.train.update import NULL_PROBES, UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.tasks.code.worker import descendants
+from rl_training.train.update import NULL_PROBES, UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
 
+# ------------------------------------------------------------------------------------------- paths, configs
+REPO = Path(__file__).resolve().parents[1]
+TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
+SFT_CFG = str(REPO / "cfg" / "tiny_sft.yaml")
+FIXTURES = REPO / "tests" / "fixtures"
+WORKERS = REPO / "tests" / "workers"
+RL_RUNNER = str(REPO / "rl_training" / "runners" / "rl_runner.py")
+VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]  # the colocated engine at a CPU-sized KV cache
+
+
+def data_overrides(reverse_data: Path) -> list[str]:
+    return [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ docs/extending.md
+DOC_EXTENDING = REPO / "docs" / "extending.md"
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```\n", re.M | re.S)
+
+
+def doc_blocks(path: Path = DOC_EXTENDING) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of a docs page, in order."""
+    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(path.read_text())]
+
+
+def doc_file(name: str, path: Path = DOC_EXTENDING) -> str:
+    """The body of the page's `# file: NAME` block (a task file the page shows whole)."""
+    (body,) = [b for _, b in doc_blocks(path) if b.startswith(f"# file: {name}\n")]
+    return body
+
+
+# --------------------------------- trainer and objective tests: a float64 LoRA policy, fake rollouts, one update
 G = 2  # completions per prompt in the fake rollouts
 
 
@@ -100,41 +151,282 @@ def grads_after(
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
 
 
-# ------------------------------------------------------------------------------------------- paths, configs
-REPO = Path(__file__).resolve().parents[1]
-TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
-SFT_CFG = str(REPO / "cfg" / "tiny_sft.yaml")
-FIXTURES = REPO / "tests" / "fixtures"
-WORKERS = REPO / "tests" / "workers"
-RL_RUNNER = str(REPO / "rl_training" / "runners" / "rl_runner.py")
-VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gb=0.1"]  # the colocated engine at a CPU-sized KV cache
+# ----------------------------------------------------------- launching torchrun, and reading a launched run back
 
 
-def data_overrides(reverse_data: Path) -> list[str]:
-    return [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
+def torchrun_cmd(nproc: int, script: str | Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        *args,
+    ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------------------------ docs/extending.md
-DOC_EXTENDING = REPO / "docs" / "extending.md"
-_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```\n", re.M | re.S)
-
-
-def doc_blocks(path: Path = DOC_EXTENDING) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block of a docs page, in order."""
-    return [(m.group(1), m.group(2)) for m in _BLOCK.finditer(path.read_text())]
-
-
-def doc_file(name: str, path: Path = DOC_EXTENDING) -> str:
-    """The body of the page's `# file: NAME` block (a task file the page shows whole)."""
-    (body,) = [b for _, b in doc_blocks(path) if b.startswith(f"# file: {name}\n")]
-    return body
-
-
+# Reading a launched run back
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_steps(run_dir: Path) -> list[int]:
+    return [m["step"] for m in read_metrics(run_dir)]
+
+
+def training_started(run_dir: Path) -> bool:
+    """A complete first line in metrics.jsonl (polled while the run writes it)."""
+    p = run_dir / "metrics.jsonl"
+    return p.exists() and "\n" in p.read_text()
+
+
+def trainer_state(ckpt: Path) -> dict:
+    return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+# --------------------------------------------------- system packages some tests need (never installed by a test)
+REQUIRE_ENV = "RL_REQUIRE_CLUSTER_TESTS"
+
+
+def skip_unless_required(reason: str) -> NoReturn:
+    """Skip the test, or fail it when RL_REQUIRE_CLUSTER_TESTS=1."""
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{reason} [{REQUIRE_ENV}=1: this test must run, not be skipped]", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_debian_packages(binaries: dict[str, str]) -> None:
+    """binaries: command -> Debian package providing it. Skips the test (fails it when required) when one is
+    missing, naming the packages to install."""
+    missing = sorted({pkg for cmd, pkg in binaries.items() if shutil.which(cmd) is None})
+    if missing:
+        skip_unless_required(
+            f"needs the Debian package(s) {', '.join(missing)}: sudo apt-get install -y {' '.join(missing)} "
+            "(or make setup as root; .ci/run installs them)"
+        )
+
+
+# ------------------------------------------------------------------------------- pass@k and maj@k by enumeration
+def pass_by_enumeration(correct: list[bool], k: int) -> float:
+    subsets = list(itertools.combinations(correct, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def maj_by_enumeration(classes: list, correct: list[bool], k: int) -> float:
+    """The definition, literally: every k-subset votes; ties split evenly; no votes = wrong."""
+    total, subsets = 0.0, list(itertools.combinations(range(len(classes)), k))
+    for s in subsets:
+        votes: dict = {}
+        for i in s:
+            if classes[i] is not None:
+                votes.setdefault(classes[i], []).append(correct[i])
+        if votes:
+            top = max(map(len, votes.values()))
+            winners = [v for v in votes.values() if len(v) == top]
+            total += sum(sum(v) / len(v) for v in winners) / len(winners)
+    return total / len(subsets)
+
+
+# ---------------------------------------------------------------------------------------- what W&B wrote offline
+WANDB_BLOCK = 32768
+
+
+def wandb_records(path: Path) -> list:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B data file"
+    pos, raw, buf = 7, [], b""
+    while pos + 7 <= len(data):
+        left = WANDB_BLOCK - pos % WANDB_BLOCK
+        if left < 7:
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if length == 0 and kind == 0:  # block padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            raw.append(chunk)
+        elif kind == 2:
+            buf = chunk
+        elif kind == 3:
+            buf += chunk
+        elif kind == 4:
+            raw.append(buf + chunk)
+    out = []
+    for r in raw:
+        rec = pb.Record()
+        rec.ParseFromString(r)
+        out.append(rec)
+    return out
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """Every logged row ({key: value}, with '_step'), in order, over all offline runs of run_dir."""
+    rows = []
+    for f in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+        for rec in wandb_records(f):
+            if rec.WhichOneof("record_type") == "history":
+                rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
+    return rows
+
+
+def wandb_config(run_dir: Path) -> dict:
+    for f in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+        for rec in wandb_records(f):
+            if rec.WhichOneof("record_type") == "run" and rec.run.config.update:
+                return {i.key: json.loads(i.value_json) for i in rec.run.config.update}
+    return {}
+
+
+# --------------------------------------------------------------------------------- probes: one micro-batch by hand
+def subset(ro: Rollouts, groups: list[int]) -> Rollouts:
+    rows = [g * G + i for g in groups for i in range(G)]
+    return Rollouts(
+        *[[getattr(ro, f)[r] for r in rows] for f in ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts")]
+    )
+
+
+def one_micro_batch(ro, adv, groups):
+    rows = [g * G + i for g in groups for i in range(G)]
+    return make_micro_batches(subset(ro, groups), adv[rows], G, len(groups), 0, torch.device("cpu"))[0]
+
+
+def backward(model, mb, norm):
+    logp = token_logprobs(forward_logits(model, mb), mb.targets)
+    policy_loss(
+        LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+    ).loss.backward()
+
+
+def flat_grad(params):
+    return torch.cat([p.grad.reshape(-1) for p in params]).clone()
+
+
+def perturb_adapter(model, scale: float, seed: int) -> None:
+    """Every LoRA B matrix random (seeded): an adapter whose delta moves the outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+# ------------------------------------------------------------------------------------ a backend of canned texts
+class CannedBackend:
+    """Answers each prompt with fixed texts (cycled over n), tokenized like a real completion."""
+
+    name = "canned"
+
+    def __init__(self, tokenizer, texts_by_prompt: dict[tuple, list[str]]):
+        self.tok, self.texts = tokenizer, texts_by_prompt
+        self.seen: list[list[int]] = []
+
+    def generate(self, prompts, spec, examples=None):
+        self.seen += prompts
+        texts = [self.texts[tuple(p)][j % len(self.texts[tuple(p)])] for p in prompts for j in range(spec.n)]
+        ids = [[*self.tok(t, add_special_tokens=False).input_ids, self.tok.eos_token_id] for t in texts]
+        expanded = [p for p in prompts for _ in range(spec.n)]
+        return Rollouts(expanded, ids, [[0.0] * len(i) for i in ids], [False] * len(ids), texts)
+
+    def sync_weights(self, model):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
+    def metrics(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ sandbox pool
+def sandbox_processes(pool) -> dict[int, int]:
+    """Worker bwrap pid -> number of processes below it. An idle strict worker has exactly 2: bwrap's
+    pid-1 reaper inside the namespace and the template under it."""
+    with pool._cv:
+        workers = list(pool._idle)
+    return {w.proc.pid: len(descendants(w.proc.pid)) for w in workers}
+
+
+# ------------------------------------------------------------------------------------- a GPU node, staged on CPU
+H100 = "NVIDIA H100 80GB HBM3, 570.86.15"
+# What these tests stage (a CPU torch on a GPU node) needs this machine's CPU torch; a CUDA machine skips them.
+needs_cpu_torch = pytest.mark.skipif(torch.version.cuda is not None, reason="stages a CPU torch build")
+
+
+def fake_nvidia_smi(bin_dir: Path, lines: list[str], status: int = 0) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text("#!/bin/sh\n" + "".join(f"echo '{x}'\n" for x in lines) + f"exit {status}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+
+
+# ------------------------------------------------------------------------ the local Slurm cluster (tests/cluster)
+SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
+CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
+# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
+SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
+
+
+def job_env(**extra) -> dict[str, str]:
+    # The repository and python the job uses; PYTHONPATH (if set, e.g. a worktree) passes through.
+    return {**os.environ, "RL_REPO": str(REPO), "RL_PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **extra}
+
+
+# Resources of the wrapper that do not exist here: no GPUs; each fake node claims the host's 2 CPUs.
+TEST_RESOURCES = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=10"]
+
+
+def sbatch(args: list[str], cwd: Path, env: dict) -> str:
+    r = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={cwd}", f"--output={cwd}/slurm-%j.out", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+def wait_job(job: str, timeout: int) -> int:
+    return subprocess.run(["bash", str(SLURM_LOCAL), "wait", job, str(timeout)], timeout=timeout + 60).returncode
+
+
+def job_field(job: str, name: str) -> str:
+    line = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
+    m = re.search(rf"\b{name}=(\S+)", line)
+    return m.group(1) if m else ""
+
+
+def step_environments(job: str, nodes=("n1", "n2"), timeout: float = 240) -> dict[str, dict]:
+    """Read the environment of the job's processes from /proc while it runs (all fake nodes are this host):
+    node -> {"launcher": env, "worker": env}. Processes found with `scontrol listpids`."""
+    found: dict[str, dict] = {n: {} for n in nodes}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(len(v) == 2 for v in found.values()):
+        for node in nodes:
+            r = subprocess.run(["scontrol", "listpids", job, node], capture_output=True, text=True)
+            for line in r.stdout.splitlines()[1:]:
+                pid = line.split()[0]
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+                    raw = Path(f"/proc/{pid}/environ").read_bytes().decode()
+                except OSError:
+                    continue
+                env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+                if "rl_training.cluster.launch" in cmd:
+                    found[node]["launcher"] = env
+                elif "rl_runner.py" in cmd and "RANK" in env:
+                    found[node]["worker"] = env
+        time.sleep(0.2)
+    return found

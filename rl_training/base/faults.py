@@ -1,4 +1,4 @@
-"""Named kill points for the fault-injection tests (tests/test_reliability_faults.py).
+"""Named kill points for the fault-injection tests (tests/integration/test_reliability_faults.py).
 
 `RL_FAULT_KILL=<point>@<n>[:<rank>]` SIGKILLs the process on the n-th time it reaches `point` (on that rank
 only, when given). Unset, `point` is one dictionary lookup. The points sit in the windows a crash can hurt:

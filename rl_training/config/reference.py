@@ -41,7 +41,8 @@ CONFIG_DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 _CONFIG_DOC_HEAD = """# Config reference
 
 Every key of the config tree, generated from `rl_training/config/schema.py` by `make config-ref` (`python -m
-rl_training.config.reference --write docs/config.md`); `tests/test_config.py` fails when this page is out of date.
+rl_training.config.reference --write docs/config.md`); `tests/unit/config/test_config.py` fails when this page is
+out of date.
 Keys are set in a YAML file (`--cfg`) and overridden on the command line with dotted names
 (`train.total_steps=10 lora.target_modules=[q_proj,v_proj]`); an unknown key is an error naming the nearest
 valid one. Everything above the table is kept when the table is regenerated.

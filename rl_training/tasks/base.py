@@ -32,6 +32,8 @@ from typing import Any
 from rl_training.data.prompts import render_prompt
 from rl_training.data.sources import DataError, Example
 
+REWARD_TIMEOUT_S = 5.0  # reward.timeout_s's default: the limit of a single `reward` call made outside a run
+
 
 @dataclass
 class Scores:
@@ -94,7 +96,10 @@ class Task:
 
     # ----------------------------------------------------------------------------------------------- grading
     def reward(self, completion: str, example: Example) -> float:
-        raise NotImplementedError(f"{type(self).__name__} defines neither reward() nor grade()")
+        """One completion's reward. A task that only defines `grade` (a batch grader) answers through it."""
+        if type(self).grade is Task.grade:
+            raise NotImplementedError(f"{type(self).__name__} defines neither reward() nor grade()")
+        return self.grade([completion], [example], REWARD_TIMEOUT_S).rewards[0]
 
     def has_answer(self, completion: str) -> bool:
         """The format check (rollout/format_rate, eval format_rate): did the completion commit to an answer."""

@@ -1,0 +1,116 @@
+"""`python -m rl_training.monitor`: state, curve summary, low-reward samples and plots, on a hand-made run
+directory (exact numbers) and on a real run of the runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rl_training.runners import monitor, rl_runner
+from tests.helpers import TESTCFG
+from tests.helpers import wandb_history as history
+
+
+def make_run(root: Path, steps: int = 10, total: int = 40) -> Path:
+    run = root / "r1"
+    (run / "checkpoints" / "step_000010").mkdir(parents=True)
+    (run / "checkpoints" / "step_000010" / "COMPLETE").write_text("ok\n")
+    (run / "checkpoints" / "step_000005").mkdir()  # no marker: not a checkpoint
+    (run / "config.yaml").write_text(f"run:\n  name: demo\ntrain:\n  total_steps: {total}\n")
+    lines = [
+        json.dumps(
+            {
+                "step": s,
+                "rollout/reward_mean": s / 10,  # 0.1 .. 1.0
+                "perf/step_s": 2.0 if s % 2 else 4.0,  # median 3.0 over an even count of each
+                "perf/tokens_per_s": 100.0,
+                "train/kl": 0.01,
+                "probe/alert/batch": 1.0 if s == steps else 0.0,
+                "sync/last_uploaded_step": 5,
+                "sync/ckpt_pending": 1,
+                "sync/ckpt_upload_failures": 0,
+            }
+        )
+        for s in range(1, steps + 1)
+    ]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 11, "rollout/rew')  # torn last line
+    (run / "samples").mkdir()
+    samples = [
+        {"step": 9, "reward": 0.0, "prompt": "p", "completion": "old step"},
+        {"step": 10, "reward": 0.5, "prompt": "abc", "completion": "mid", "advantage": 0.1, "length": 3},
+        {"step": 10, "reward": 0.0, "prompt": "abc", "completion": "worst one", "advantage": -0.4, "length": 2},
+        {"step": 10, "reward": 1.0, "prompt": "abc", "completion": "best", "advantage": 0.5, "length": 4},
+    ]
+    (run / "samples" / "samples_000001.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (run / "eval" / "inloop").mkdir(parents=True)
+    (run / "eval" / "inloop" / "step_000010.json").write_text(
+        json.dumps({"step": 10, "metrics": {"accuracy": 0.25, "reward_mean": 0.5}})
+    )
+    return run
+
+
+def test_summary_of_a_hand_made_run(tmp_path):
+    run = monitor.load_run(make_run(tmp_path))
+    assert run.name == "demo" and run.total_steps == 40 and run.step == 10 and run.torn_lines == 1
+    assert run.checkpoints == [10]  # the unmarked step_000005 is not a checkpoint
+    text = monitor.report([run], last=10, samples=2)
+    # ETA: median step time of the last 10 steps = 3.0 s (five 2.0, five 4.0), 30 steps left -> 90 s = 1m30s.
+    assert "step 10/40, ETA 1m30s at the median 3 s/step of the last 10" in text
+    assert "last checkpoint: step 10 (1 kept); uploaded up to step 5, 1 pending, 0 failed" in text
+    assert "probe alerts on: batch" in text
+    assert "1 unreadable line(s) in metrics.jsonl skipped" in text
+    # reward over the last 4 steps (7..10): mean (0.7+0.8+0.9+1.0)/4 = 0.85, change 1.0 - 0.7 = +0.3.
+    row = next(ln for ln in monitor.report([run], last=4, samples=0).splitlines() if ln.startswith("reward "))
+    assert "0.85 / +0.3" in row
+    assert "eval inloop accuracy" in text and "0.25 at step 10" in text
+    # The lowest-reward samples of the latest step (10), lowest first; step 9's is not shown.
+    lows = text.split("lowest-reward samples of step 10")[1].splitlines()[1:3]
+    assert "'worst one'" in lows[0] and "'mid'" in lows[1] and "old step" not in text
+
+
+def test_side_by_side_and_plots(tmp_path):
+    a = monitor.load_run(make_run(tmp_path / "a"))
+    b = monitor.load_run(make_run(tmp_path / "b", steps=4))
+    table = monitor.curve_table([a, b], last=4)
+    assert table[0].count("mean (last 4) / change") == 2
+    reward = next(ln for ln in table if ln.startswith("reward "))
+    # run b: steps 1..4 -> mean 0.25, change +0.3
+    assert "0.85 / +0.3" in reward and "0.25 / +0.3" in reward
+    pngs = monitor.save_plots([a, b], tmp_path / "plots")
+    names = {p.name for p in pngs}
+    assert {"reward.png", "eval_inloop.png"} <= names and "gns.png" not in names  # no GNS keys in these runs
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_monitor_reads_a_real_run(run_overrides, tmp_path, capsys):
+    over = [
+        "train.total_steps=2",
+        "ckpt.every=1",
+        "run.samples_per_step=3",
+        "run.wandb.project=p",
+        "run.progress_bar=true",
+    ]
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, *over, "run.wandb.mode=offline"]) == 0
+    err = capsys.readouterr().err
+    # No terminal: whole progress lines, no carriage-return bar (the last step always gets one).
+    assert "[rl] step 2/2 (100%)  reward " in err and "rl: " not in err  # (transformers' load bar is its own)
+    run_dir = tmp_path / "runs" / "testconfig"
+    # Samples: 3 per step (testconfig: 4 prompts x 4 = 16 rollouts), every field, the sampler's policy version,
+    # and the per-sequence canary (fresh weights, float32 HF: the gap is round-off).
+    samples = [json.loads(x) for f in sorted((run_dir / "samples").glob("*.jsonl")) for x in f.read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
+    assert [s["policy_version"] for s in samples] == [0, 0, 0, 1, 1, 1]
+    assert all(0 <= s["logp_gap"] < 1e-3 and s["finish_reason"] in ("stop", "length") for s in samples)
+    assert all(0 <= s["group"] < 4 and 0 <= s["index"] < 4 and s["prompt"].endswith("=") for s in samples)
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # W&B offline: the same scalars as metrics.jsonl, and the samples as a table per step.
+    rows = [r for r in history(run_dir) if "rollout/reward_mean" in r]
+    assert [(r["_step"], r["rollout/reward_mean"]) for r in rows] == [
+        (m["step"], m["rollout/reward_mean"]) for m in metrics
+    ]
+    assert [r["samples/nrows"] for r in history(run_dir) if r.get("samples/_type") == "table-file"] == [3, 3]
+    assert monitor.main([str(run_dir), "--save-dir", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "step 2/2 (finished)" in out and "last checkpoint: step 2 (2 kept)" in out
+    assert "reward " in out and "KL " in out and "3 lowest-reward samples of step 2" in out
+    assert (tmp_path / "plots" / "reward.png").exists() and (tmp_path / "plots" / "loss.png").exists()

@@ -1,0 +1,163 @@
+"""SFT warm start (full and LoRA-merged) feeding the RL runner, the GSM8K path, and offline model errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rl_training.runners import rl_runner, sft_runner
+from tests.helpers import SFT_CFG, TESTCFG
+
+
+def test_lora_sft_writes_a_merged_model_the_rl_runner_starts_from(tiny_model, reverse_data, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    data = [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
+    rc = sft_runner.main(
+        [
+            "--cfg",
+            SFT_CFG,
+            f"model.name_or_path={tiny_model}",
+            *data,
+            f"run.output_dir={tmp_path}",
+            "run.name=lora_sft",
+            "sft.steps=5",
+            "sft.full_finetune=false",
+            "sft.lr=1e-2",
+        ]
+    )
+    assert rc == 0
+    final = tmp_path / "lora_sft" / "final_model"
+    assert (final / "config.json").exists() and (final / "tokenizer.json").exists()
+    assert not (final / "adapter_config.json").exists()  # merged: a plain HF model
+    merged = AutoModelForCausalLM.from_pretrained(final)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    ids = torch.tensor([[70, 71, 72, 63]])
+    with torch.no_grad():
+        assert (merged(input_ids=ids).logits - base(input_ids=ids).logits).abs().max() > 1e-4
+    lines = (tmp_path / "lora_sft" / "metrics.jsonl").read_text().splitlines()
+    sft_losses = [json.loads(x)["sft/loss"] for x in lines]
+    assert len(sft_losses) == 5 and sft_losses[-1] < sft_losses[0]
+    assert (
+        rl_runner.main(
+            [
+                "--cfg",
+                TESTCFG,
+                f"model.name_or_path={final}",
+                *data,
+                f"run.output_dir={tmp_path}",
+                "train.total_steps=1",
+            ]
+        )
+        == 0
+    )
+
+
+def test_gsm8k_format_end_to_end(warm_model, tmp_path):
+    # GSM8K-format records graded by math-verify; the tiny model writes nonsense, so rewards are 0 but
+    # every stage (prompt template, generation, grading, logging) must run and log finite values.
+    rows = [
+        {"question": f"What is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b:,}"}
+        for a, b in [(1, 2), (30, 40), (500, 700), (1200, 34)]
+    ]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc = rl_runner.main(
+        [
+            "--cfg",
+            TESTCFG,
+            f"model.name_or_path={warm_model}",
+            "task.name=gsm8k",
+            f"data.train={path}",
+            f"data.eval={path}",
+            "data.prompt_template=Q: {question}\nA:",
+            f"run.output_dir={tmp_path}",
+            "train.total_steps=1",
+        ]
+    )
+    assert rc == 0
+    m = json.loads((tmp_path / "testconfig" / "metrics.jsonl").read_text().splitlines()[0])
+    assert m["rollout/reward_mean"] == 0.0 and m["rollout/reward_fn_errors"] == 0
+
+
+def test_offline_hub_id_without_cache_is_one_line_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf_home"))
+    rc = rl_runner.main(["--cfg", TESTCFG, "model.name_or_path=Qwen/NotCachedHere-0.5B", f"run.output_dir={tmp_path}"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("error: model.name_or_path=Qwen/NotCachedHere-0.5B: cannot load tokenizer")
+    assert "hub offline=1" in err[0]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.prompts_per_step=3", "not divisible by train.micro_batch_groups=2"),
+        ("data.train=/no/such.jsonl", "data file not found: /no/such.jsonl"),
+    ],
+)
+def test_runner_input_errors(warm_model, tmp_path, capsys, override, message):
+    assert (
+        rl_runner.main(["--cfg", TESTCFG, f"model.name_or_path={warm_model}", f"run.output_dir={tmp_path}", override])
+        == 2
+    )
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "testconfig" / "checkpoints").exists()
+
+
+def test_runner_data_load_errors_are_one_line(tiny_model, tmp_path, capsys):
+    bad = tmp_path / "corrupt.parquet"
+    bad.write_bytes(b"PAR1 cut off mid-write")
+    for spec, start in [
+        (str(bad), f"error: {bad}: unreadable parquet file (ArrowInvalid: "),
+        ("gsm8kk@train", "error: data spec 'gsm8kk@train' is not a local .jsonl/.json/.parquet file"),
+    ]:
+        model, out = f"model.name_or_path={tiny_model}", f"run.output_dir={tmp_path}"
+        assert rl_runner.main(["--cfg", TESTCFG, model, out, f"data.train={spec}"]) == 2
+        err = capsys.readouterr().err.splitlines()  # the model loads first: its progress bar is on stderr too
+        errors = [line for line in err if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0] == err[-1] and errors[0].startswith(start), err
+
+
+def test_sft_refuses_to_replace_a_finished_run_unless_asked(tiny_model, reverse_data, tmp_path, capsys):
+    base = [
+        "--cfg",
+        SFT_CFG,
+        f"model.name_or_path={tiny_model}",
+        f"data.train={reverse_data / 'train.jsonl'}",
+        f"run.output_dir={tmp_path}",
+        "run.name=sft",
+        "sft.warmup_steps=0",
+    ]
+    run_dir = tmp_path / "sft"
+    assert sft_runner.main([*base, "sft.steps=2"]) == 0
+    weights = (run_dir / "final_model" / "model.safetensors").read_bytes()
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    capsys.readouterr()
+
+    assert sft_runner.main([*base, "sft.steps=3"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {run_dir} already has a final_model; pass sft.overwrite=true to replace it (and its "
+        "metrics.jsonl), or choose another run.name (nothing was changed)"
+    ]
+    assert (run_dir / "final_model" / "model.safetensors").read_bytes() == weights  # nothing lost
+    assert (run_dir / "metrics.jsonl").read_text() == metrics
+
+    assert sft_runner.main([*base, "sft.steps=3", "sft.overwrite=true"]) == 0  # asked for explicitly
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    assert (run_dir / "final_model" / "model.safetensors").read_bytes() != weights
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [("cosine", [1.0, 0.75, 0.25]), ("constant", [1.0, 1.0, 1.0])])
+def test_sft_schedule(tiny_model, reverse_data, tmp_path, schedule, expected):
+    """sft.schedule reaches the SFT optimizer. No warmup, 3 steps, peak 1e-3: cosine logs 0.5 * (1 + cos(pi * s / 3))
+    at s = 0, 1, 2 (1, 0.75, 0.25 of the peak), constant the peak each step."""
+    base = ["--cfg", SFT_CFG, f"model.name_or_path={tiny_model}", f"data.train={reverse_data / 'train.jsonl'}"]
+    base += [f"run.output_dir={tmp_path}", "run.name=s", "sft.warmup_steps=0", "sft.steps=3", "sft.lr=1e-3"]
+    assert sft_runner.main([*base, f"sft.schedule={schedule}"]) == 0
+    lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["sft/lr"] for x in lines] == pytest.approx([1e-3 * e for e in expected])

@@ -1,0 +1,301 @@
+"""Config loading: every shipped YAML loads; bad keys, types, bounds and batch layouts fail clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
+from rl_training.config.reference import reference, write_reference
+from rl_training.config.schema import ConfigError, all_keys, derive
+from tests.helpers import REPO
+
+CFG_DIR = REPO / "cfg"
+
+
+@pytest.mark.parametrize("path", sorted(CFG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_cfg_loads_and_derives(path):
+    cfg = load_config(path)
+    d = derive(cfg, world_size=1)
+    assert d.accum_steps * cfg.train.micro_batch_groups == cfg.rollout.prompts_per_step
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(CFG_DIR / "tiny_cpu.yaml", ["train.total_steps=7", "lora.target_modules=[q_proj,v_proj]"])
+    (tmp_path / "c.yaml").write_text(to_yaml(cfg))
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert cfg.train.total_steps == 7 and cfg.lora.target_modules == ["q_proj", "v_proj"]
+
+
+def test_derived_values():
+    cfg = load_config(
+        None,
+        [
+            "rollout.prompts_per_step=16",
+            "rollout.group_size=8",
+            "train.micro_batch_groups=2",
+            "rollout.max_new_tokens=32",
+        ],
+    )
+    d = derive(cfg, world_size=2)
+    # 16 groups / 2 ranks = 8 groups per rank; 8 / 2 per micro = 4 micro-batches; 8 x 8 = 64 seqs per rank
+    assert (d.groups_per_rank, d.accum_steps, d.seqs_per_rank, d.micro_batch_seqs) == (8, 4, 64, 16)
+
+
+def test_unknown_key_names_nearest(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("loss:\n  kl_coeff: 0.1\n")  # the typo that disabled KL forever in the earlier codebase
+    with pytest.raises(ConfigError, match=r"c.yaml:2: unknown config key 'loss.kl_coeff'; did you mean 'loss.kl_coef'"):
+        load_config(p)
+
+
+def test_file_errors_name_the_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("run:\n  name: x\n\ntrain:\n  seed: 1\n  total_steps: -3\n")
+    # total_steps is on line 6 (run, name, blank, train, seed, total_steps)
+    with pytest.raises(ConfigError, match=r"c.yaml:6: train.total_steps=-3 must be >= 1"):
+        load_config(p)
+    # an override replaces the file's value, so a bad override is not blamed on the file's line
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["train.total_steps=0"])
+    assert str(e.value) == f"{p}: train.total_steps=0 must be >= 1"
+    assert load_config(p, ["train.total_steps=2"]).train.total_steps == 2
+
+
+@pytest.mark.parametrize(
+    "override, nearest",
+    [
+        ("eval.evry=3", "eval.every"),  # same section first, not ckpt.every
+        ("eval.temprature=0.5", "eval.temperature"),  # not rollout.temperature
+        ("train.lr=1e-4", "optim.lr"),  # the exact name in another section
+        ("trian.total_steps=3", "train.total_steps"),  # a misspelt section
+    ],
+)
+def test_nearest_key_prefers_the_same_section(override, nearest):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"command line: unknown config key '{key}'; did you mean '{nearest}'?"
+
+
+def test_unknown_section_and_override():
+    with pytest.raises(ConfigError, match="unknown config key 'trian.total_steps'; did you mean 'train.total_steps'"):
+        load_config(None, ["trian.total_steps=3"])
+    with pytest.raises(
+        ConfigError, match="unknown config key 'rollout.max_tokens'; did you mean 'rollout.max_new_tokens'"
+    ):
+        load_config(None, ["rollout.max_tokens=3"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.total_steps=abc", "train.total_steps must be an integer, got 'abc'"),
+        ("train.total_steps=1.5", "train.total_steps must be an integer"),
+        ("train.total_steps=0", "train.total_steps=0 must be >= 1"),
+        ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
+        ("rollout.backend=tgi", "rollout.backend='tgi' is not one of 'auto', 'hf', 'vllm'"),
+        ("run.tensorboard=yes please", "run.tensorboard must be true or false"),
+        ("lora.target_modules=q_proj", "lora.target_modules must be a list"),
+        ("ckpt.resume=/no/such/ckpt", "ckpt.resume='/no/such/ckpt': no such checkpoint directory"),
+    ],
+)
+def test_type_and_bound_errors(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config(None, [override])
+
+
+def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0.05"])
+    assert str(e.value) == (
+        "train.drop_zero_adv_groups=true with loss.kl_coef=0.05: a zero-advantage group still has a KL "
+        "gradient, which dropping it would silently remove; set one of them off"
+    )
+    # Each alone is fine (and so is a zero coefficient, which only logs the KL).
+    load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0"])
+    load_config(None, ["train.drop_zero_adv_groups=false", "loss.kl_coef=0.05"])
+
+
+def test_float_written_without_dot_is_accepted():
+    assert load_config(None, ["optim.lr=3e-4"]).optim.lr == pytest.approx(3e-4)
+
+
+def test_non_divisible_batches():
+    cfg = load_config(None, ["rollout.prompts_per_step=6"])
+    with pytest.raises(ConfigError, match="prompts_per_step=6 is not divisible by the world size 4"):
+        derive(cfg, world_size=4)
+    cfg = load_config(None, ["rollout.prompts_per_step=6", "train.micro_batch_groups=4"])
+    with pytest.raises(ConfigError, match=r"prompt groups per rank \(6 .*micro_batch_groups=4"):
+        derive(cfg, world_size=1)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train:\n  total_steps: 3\n  seed: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+: invalid YAML"):
+        load_config(p)
+
+
+def test_tis_refused_with_top_p_below_one():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=0.9"])
+    assert str(e.value) == (
+        "loss.tis_cap=2.0 with rollout.top_p=0.9: the sampler's log-probs come from the top-p renormalised "
+        "distribution, so pi_train/pi_rollout would not be an importance ratio; set rollout.top_p=1 or "
+        "loss.tis_cap=0"
+    )
+    load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=1.0"])
+    # evals read saved configs (training=False): a run made before these refusals existed is still evaluated
+    cfg = load_config(
+        None,
+        ["loss.tis_cap=2.0", "rollout.top_p=0.9", "train.drop_zero_adv_groups=true", "loss.kl_coef=0.05"],
+        training=False,
+    )
+    assert (cfg.loss.tis_cap, cfg.rollout.top_p, cfg.loss.kl_coef) == (2.0, 0.9, 0.05)
+    load_config(None, ["loss.tis_cap=0", "rollout.top_p=0.9"])
+
+
+def test_training_refuses_float16(capsys):
+    # No GradScaler: loading a config for training (the RL and SFT runners) refuses float16 before anything is
+    # built; loading it for evals (training=False) still accepts it.
+    from rl_training.runners import rl_runner, sft_runner
+
+    cfg = load_config(None, ["model.dtype=float16"], training=False)
+    message = (
+        "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow to 0); "
+        "use bfloat16 or float32"
+    )
+    with pytest.raises(ConfigError) as e:
+        check_trainable_dtype(cfg)
+    assert str(e.value) == message
+    check_trainable_dtype(load_config(None, ["model.dtype=bfloat16"]))
+    for runner, name in ((rl_runner, "testconfig.yaml"), (sft_runner, "tiny_sft.yaml")):
+        assert runner.main(["--cfg", str(CFG_DIR / name), "model.dtype=float16"]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+
+
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("lora.target_modules=[q_proj", "expected ',' or ']', but got '<stream end>'"),
+        ("optim.lr=[1", "expected ',' or ']', but got '<stream end>'"),
+        ("train.seed=@3", "found character '@' that cannot start any token"),
+    ],
+)
+def test_unparsable_override_is_one_line_error(override, problem, capsys):
+    key, raw = override.split("=", 1)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value) == f"command line: {key}={raw!r} is not a valid YAML value ({problem})"
+    # Through a runner's CLI: exit status 2 and exactly that one line on stderr.
+    from rl_training.runners import rl_runner
+
+    assert rl_runner.main(["--cfg", str(CFG_DIR / "testconfig.yaml"), override]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {e.value}"]
+
+
+@pytest.mark.parametrize("text, kind", [("- run\n- model\n", "list"), ("just a string\n", "str")])
+def test_yaml_root_must_be_a_mapping(tmp_path, text, kind):
+    p = tmp_path / "root.yaml"
+    p.write_text(text)
+    for overrides in ([], ["train.seed=1"]):  # with an override it used to be an AttributeError
+        with pytest.raises(ConfigError) as e:
+            load_config(p, overrides)
+        expected = f"{p}: the top level must be a mapping of sections (run:, model:, ...), got a YAML {kind}"
+        assert str(e.value) == expected
+
+
+def test_override_into_empty_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("lora:\ntrain:\n  seed: 3\n")  # 'lora:' with nothing under it is YAML null
+    cfg = load_config(p, ["lora.r=4"])
+    assert (cfg.lora.r, cfg.train.seed) == (4, 3)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
+        load_config("nope.yaml")
+
+
+def test_unreadable_file_is_one_line_naming_it(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes("run:\n  name: caf\u00e9\n".encode("latin-1"))  # e-acute is the single byte 0xe9 in Latin-1
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: not UTF-8 text (byte 16: 0xe9)"  # 'run:\n' 5 bytes + '  name: caf' 11
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)  # a directory: IsADirectoryError, an OSError
+    assert str(e.value) == f"{tmp_path}: cannot read (Is a directory)"
+
+
+def test_required_keys_must_be_in_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    for text in ["", "model:\n  dtype: float32\n", "model:\n"]:  # empty, without the key, an empty section
+        p.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(p, required=["model.name_or_path"])
+        assert str(e.value) == f"{p}: no model.name_or_path (the file must set it; defaults are not assumed)"
+    assert load_config(p).model.name_or_path == "models/tiny-qwen2"  # not required: the default, as before
+    p.write_text("model:\n  name_or_path: m\n")
+    assert load_config(p, required=["model.name_or_path"]).model.name_or_path == "m"
+
+
+def test_reference_documents_every_key():
+    ref = reference()
+    for key in all_keys():
+        assert f"`{key}`" in ref
+
+
+def test_config_reference_page_is_current(tmp_path):
+    page = (CFG_DIR.parent / "docs" / "config.md").read_text()
+    assert page.endswith(reference() + "\n"), "regenerate it: make config-ref"
+    # Regenerating keeps the hand-written text above the table and replaces a stale table.
+    stale = tmp_path / "config.md"
+    stale.write_text(
+        "# Intro kept\n\n| key | type | default | meaning |\n|---|---|---|---|\n| `old.key` | int | `1` | x |\n"
+    )
+    write_reference(stale)
+    assert stale.read_text() == "# Intro kept\n\n" + reference() + "\n"
+
+
+def test_string_overrides_are_verbatim():
+    cfg = load_config(None, ["data.prompt_template=Q: {question}\nA:", "run.name=123"])
+    assert cfg.data.prompt_template == "Q: {question}\nA:" and cfg.run.name == "123"
+
+
+def test_resolve_paths_makes_local_paths_absolute(tmp_path, monkeypatch):
+    from rl_training.config.resolve import resolve_paths
+
+    monkeypatch.chdir(tmp_path)
+    for d in ["models/m", "math500", "latest"]:  # 'latest' as a directory: ckpt.resume=latest is still the keyword
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "train.jsonl").write_text("")
+    over = ["model.name_or_path=models/m", "data.train=./train.jsonl", "data.eval=math500:main@test"]
+    cfg = load_config(None, [*over, "run.output_dir=runs", "ckpt.resume=latest"])
+    resolve_paths(cfg)
+    assert cfg.model.name_or_path == f"{tmp_path}/models/m"
+    assert cfg.data.train == f"{tmp_path}/train.jsonl"  # './' dropped
+    assert cfg.data.eval == f"{tmp_path}/math500:main@test"  # a local `datasets` directory, config and split kept
+    assert cfg.run.output_dir == f"{tmp_path}/runs"  # made by the run: absolute before it exists
+    assert cfg.ckpt.resume == "latest"
+    # Hub ids and `datasets` names that are not on disk stay as they are; absolute paths too.
+    hub = ["model.name_or_path=Qwen/Qwen2.5-1.5B-Instruct", "data.train=openai/gsm8k:main@train"]
+    cfg = load_config(None, [*hub, "data.eval=/abs/heldout.jsonl", f"ckpt.resume={tmp_path / 'latest'}"])
+    resolve_paths(cfg)
+    assert (cfg.model.name_or_path, cfg.data.train) == ("Qwen/Qwen2.5-1.5B-Instruct", "openai/gsm8k:main@train")
+    assert cfg.data.eval == "/abs/heldout.jsonl" and cfg.ckpt.resume == f"{tmp_path}/latest"
+
+
+def test_resume_changes_compares_target_modules_as_a_set(tmp_path):
+    from rl_training.ckpt.store import CheckpointError, resume_changes
+
+    saved = load_config(None, ["lora.target_modules=[q_proj,v_proj]", "optim.lr=0.001"])
+    (tmp_path / "config.yaml").write_text(to_yaml(saved))
+    same_set = load_config(None, ["lora.target_modules=[v_proj,q_proj]", "optim.lr=0.001"])
+    assert resume_changes(tmp_path, to_yaml(same_set)) == []  # peft adapts the same modules
+    other_lr = load_config(None, ["lora.target_modules=[q_proj,v_proj]", "optim.lr=0.002"])
+    assert resume_changes(tmp_path, to_yaml(other_lr)) == ["optim.lr: 0.001 -> 0.002"]
+    with pytest.raises(
+        CheckpointError, match=r"saved with lora.target_modules=\['q_proj', 'v_proj'\], now \['q_proj'\]"
+    ):
+        resume_changes(tmp_path, to_yaml(load_config(None, ["lora.target_modules=[q_proj]", "optim.lr=0.001"])))
