@@ -42,7 +42,13 @@ def worker(size: str, mode: str, work: Path) -> None:
     if not (model_dir / "config.json").exists():
         make_tiny_model(model_dir, seed=0, **SIZES[size])
     step = bench_trl.ours(
-        model_dir, data, 16, "vllm", False, work / "runs" / f"sync_{size}_{mode}", extra=[f"vllm.weight_sync={mode}"]
+        model_dir,
+        data,
+        16,
+        "vllm",
+        False,
+        work / "runs" / f"sync_{size}_{mode}",
+        extra=[f"vllm.weight_sync={mode}", "vllm.sleep_level=1"],
     )
     run = step.run
     prompts = [run.prompts[i] for i in range(16)]

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rl_training.base.errors import UserError
+
 _OWN_GROUP = False
 
 
@@ -36,7 +38,7 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
+    if use_cuda(local_rank):
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         if os.environ.get("RL_NUMA_BIND", "1") != "0":
@@ -51,6 +53,23 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **timeout)
         _OWN_GROUP = True
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+DEVICE_ENV = "RL_DEVICE"  # "cpu": a run (or a multi-rank CPU test) on the CPU even where CUDA is available
+
+
+def use_cuda(local_rank: int) -> bool:
+    """CUDA when available unless RL_DEVICE=cpu; a local rank without a GPU of its own is an error naming the fix
+    (a 2-rank run on a 1-GPU machine would otherwise fail with "invalid device ordinal" in rank 1)."""
+    if os.environ.get(DEVICE_ENV, "") == "cpu" or not torch.cuda.is_available():
+        return False
+    n = torch.cuda.device_count()
+    if local_rank >= n:
+        raise UserError(
+            f"LOCAL_RANK={local_rank} but this process sees {n} GPU(s): start at most {n} ranks per node, or set "
+            f"{DEVICE_ENV}=cpu for a run on the CPU"
+        )
+    return True
 
 
 def gpu_pci_address(index: int) -> str:

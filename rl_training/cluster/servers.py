@@ -1,6 +1,6 @@
 """The inference servers' side of scripts/slurm/rl_train.sbatch (rollout.backend=server, docs/server.md).
 
-    python -m rl_training.cluster.servers urls     # the server URLs of this job's layout, one per line
+    python -m rl_training.cluster.servers urls [-- RUNNER ARGS]  # this job's server layout, one fact per line
     python -m rl_training.cluster.servers wait --pid SRUN_PID URL ...   # block until every /health answers
 
 The batch script starts the servers as a job step of their own (scripts/slurm/vllm_server.sh, one server per
@@ -11,6 +11,10 @@ task) and the trainers as another; this module computes where the servers are an
   + 3 engine GPUs per node: RL_SERVERS_PER_NODE=3 RL_SERVER_GPUS=1,2,3 RL_TRAINER_GPUS=0).
 Server task p (Slurm's task id of the server step, block distribution: node i holds tasks i*per ..
 i*per + per - 1) listens on RL_SERVER_PORT + p: ports stay distinct even where fake nodes share a host.
+Each server task gets RL_SERVER_CPUS CPUs, by default the job's --cpus-per-task divided among the servers of a
+node (3 x 288 on a 288-CPU GH200 node could not be granted: issue 29, N3). The servers run with
+VLLM_SERVER_DEV_MODE=1 only when the run's server.weight_sync needs vLLM's dev routes (full: /collective_rpc,
+/reset_prefix_cache; nccl: the weight-transfer routes, issue 29 N2), read from the runner's own arguments.
 No torch import here: this runs on the batch host before anything else.
 """
 
@@ -36,6 +40,30 @@ def server_layout(nodes: list[str], server_nodes: int, per_node: int) -> tuple[l
 
 def server_urls(hosts: list[str], port0: int) -> list[str]:
     return [f"http://{h}:{port0 + p}" for p, h in enumerate(hosts)]
+
+
+def server_cpus(job_cpus_per_task: int, per_node: int, override: str = "") -> int:
+    """CPUs per server task: RL_SERVER_CPUS when set, else the job's --cpus-per-task shared by a node's servers."""
+    if override:
+        return int(override)
+    return max(1, job_cpus_per_task // per_node)
+
+
+# The server.weight_sync modes that publish through vLLM's dev routes (VLLM_SERVER_DEV_MODE=1): full calls
+# /collective_rpc and /reset_prefix_cache; nccl the weight-transfer routes of launchers/api_server/routers.py.
+DEV_MODE_SYNCS = ("full", "nccl")
+
+
+def needs_dev_mode(runner_args: list[str]) -> bool:
+    """Whether the run the runner's arguments (--cfg FILE key=value ...) describe publishes weights through dev
+    routes; ConfigError (one line) when they do not load."""
+    from rl_training.config.load import load_config
+
+    cfg_file = runner_args[runner_args.index("--cfg") + 1] if "--cfg" in runner_args else None
+    overrides = [a for a in runner_args if "=" in a and not a.startswith("-")]
+    # what the batch script adds for the trainers (the URLs are placeholders: only the sync mode is read)
+    overrides += ["rollout.backend=server", "server.urls=[http://127.0.0.1:1]"]
+    return load_config(cfg_file, overrides, training=False).server.weight_sync in DEV_MODE_SYNCS
 
 
 def wait_healthy(urls: list[str], deadline_s: float, pid: int | None = None) -> None:
@@ -72,7 +100,8 @@ def _alive(pid: int) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("urls")
+    u = sub.add_parser("urls")
+    u.add_argument("runner_args", nargs=argparse.REMAINDER, help="-- the runner's --cfg FILE key=value ...")
     w = sub.add_parser("wait")
     w.add_argument("--pid", type=int, default=None)
     w.add_argument("urls", nargs="+")
@@ -90,10 +119,19 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     port0 = int(env.get("RL_SERVER_PORT") or 30000 + int(env["SLURM_JOB_ID"]) % 20000)
+    per = int(env.get("RL_SERVERS_PER_NODE", "1"))
+    runner_args = [x for x in a.runner_args if x != "--"]
+    try:
+        dev = needs_dev_mode(runner_args)
+    except Exception as e:  # noqa: BLE001 -- a config that does not load: the one line the batch script prints
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     print(",".join(dict.fromkeys(hosts)))  # line 1: server nodes
     print(",".join(trainers))  # line 2: trainer nodes
     print(",".join(server_urls(hosts, port0)))  # line 3: urls
-    print(port0)
+    print(port0)  # line 4: the first port
+    print(server_cpus(int(env.get("SLURM_CPUS_PER_TASK", "1")), per, env.get("RL_SERVER_CPUS", "")))  # line 5
+    print(int(dev))  # line 6: 1 = start the servers with VLLM_SERVER_DEV_MODE=1
     return 0
 
 

@@ -312,6 +312,15 @@ def load_config(
             "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
         )
     check_async(cfg, where, training)
+    if training:
+        check_vllm_sleep(cfg, where)
+    t = cfg.train
+    if training and t.pack_sequences and cfg.model.attn_implementation == "flash_attention_2" and t.pack_row_tokens:
+        raise ConfigError(
+            f"{where}train.pack_row_tokens={t.pack_row_tokens} with model.attn_implementation=flash_attention_2: "
+            "flash-attention packs each micro-batch into one row (its varlen path reads the sequence boundaries "
+            "only in a batch of one row); leave train.pack_row_tokens at 0"
+        )
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"{where}rollout.min_new_tokens={cfg.rollout.min_new_tokens} > rollout.max_new_tokens="
@@ -348,6 +357,18 @@ def check_multiturn(cfg: Config, where: str = "") -> None:
         )
     if any(not s for s in m.stop):
         raise ConfigError(f"{where}multiturn.stop={m.stop}: an empty stop string would end every turn at once")
+
+
+def check_vllm_sleep(cfg: Config, where: str = "") -> None:
+    """vllm.weight_sync=lora never sends the base weights again, so the engine may not sleep at level 2, which
+    discards them (vLLM's cumem allocator keeps only buffers; wake maps fresh memory): from the second step every
+    rollout would sample from freed memory (issue 29, N1). Checked at load and again by the engine."""
+    v = cfg.vllm
+    if v.weight_sync == "lora" and v.sleep and v.sleep_level == 2 and cfg.rollout.backend in ("vllm", "auto"):
+        raise ConfigError(
+            f"{where}vllm.weight_sync=lora with vllm.sleep_level=2: level 2 discards the base weights and a LoRA "
+            "sync never sends them again; set vllm.sleep_level=1 (they wait in host memory) or vllm.sleep=false"
+        )
 
 
 def check_async(cfg: Config, where: str = "", training: bool = True) -> None:

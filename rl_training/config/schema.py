@@ -152,7 +152,10 @@ class RewardCfg:
 @dataclass
 class SandboxCfg:
     workers: int = _f(
-        0, "Sandbox workers per rank for the code tasks; 0 = 4 per CPU core the rank may use (docs/code.md).", ge=0
+        0,
+        "Sandbox workers per rank for the code tasks; 0 = 4 per core of the rank's share of the node (the node's "
+        "cores / its ranks, at most the rank's affinity mask; docs/code.md).",
+        ge=0,
     )
     mode: Literal["strict", "weak"] = _f(
         "strict",
@@ -224,7 +227,8 @@ class VllmCfg:
     sleep_level: int = _f(
         2,
         "vLLM sleep level: 2 discards the weights (the sync after each update rewrites them all), 1 backs them "
-        "up to host memory first (a host copy out and back per step).",
+        "up to host memory first (a host copy out and back per step). weight_sync=lora needs 1 (or sleep=false): "
+        "it never rewrites the base weights.",
         ge=1,
         le=2,
     )
@@ -276,8 +280,8 @@ class TrainCfg:
     )
     pack_row_tokens: int = _f(
         0,
-        "Width of a packed row in tokens; 0 = the micro-batch's longest sequence (bin packing, for sdpa/eager "
-        "on CPU); large = one row (flash-attention varlen on GPU).",
+        "Width of a packed row in tokens; 0 = the micro-batch's longest sequence (bin packing, for sdpa/eager). "
+        "flash_attention_2 always packs a micro-batch into one row (must be 0 there).",
         ge=0,
     )
 

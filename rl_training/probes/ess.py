@@ -110,3 +110,18 @@ def group_ness(log_w: torch.Tensor, group_size: int) -> torch.Tensor:
     s2 = (w * w).sum(1)
     ness = torch.where(s2 > 0, w.sum(1) ** 2 / torch.where(s2 > 0, s2, 1.0) / group_size, 0.0)
     return torch.where(bad, 0.0, ness)
+
+
+def nan_quantile(x: torch.Tensor, q: float) -> torch.Tensor:
+    """torch.nanquantile(x, q) (linear interpolation, NaNs skipped; NaN when all are) without its limit of 2^24
+    elements, which a long-context step's token count passes (issue 29, N9): one sort, NaNs last. No host sync."""
+    x = x.reshape(-1)
+    valid = ~torch.isnan(x)
+    s, _ = torch.sort(torch.where(valid, x, torch.inf))
+    n = valid.sum()
+    pos = (n - 1).clamp(min=0).to(torch.float64) * q  # float64: q * an int tensor would be float32
+    lo, hi = pos.floor().long(), pos.ceil().long()
+    a, b = s.index_select(0, lo.reshape(1))[0], s.index_select(0, hi.reshape(1))[0]  # s[lo] would sync (int())
+    frac = (pos - lo).to(s.dtype)
+    out = torch.where(frac == 0, a, a + frac * (b - a))  # an infinite value stays itself (inf - inf is NaN)
+    return torch.where(n > 0, out, torch.full_like(out, math.nan))

@@ -294,7 +294,7 @@ class StepProbes:
         used = ess_math.weight_log(used_weights) if used_weights is not None else torch.zeros_like(log_rho)
         self.kish["tok_used"] += ess_math.log_kish(used, m)
         # Valid tokens are selected with `where` (boolean indexing would sync the host on CUDA); pads are
-        # NaN for the quantile (nanquantile skips them) and 0 in the sums.
+        # NaN for the quantile (ess.nan_quantile skips them) and 0 in the sums.
         self.log_rho_all.append(torch.where(m, log_rho, math.nan).reshape(-1))
         lr = torch.where(m, log_rho, 0.0)
         # KL(rollout || train) estimates from samples of the rollout policy; a non-finite ratio gives a
@@ -346,7 +346,7 @@ class StepProbes:
         seq_lw = torch.cat(self.seq_log_w) if self.seq_log_w else torch.zeros(0, dtype=torch.float64)
         kish["seq"] = ess_math.log_kish(seq_lw.to(self.device))
         all_lr = torch.cat(self.log_rho_all) if self.log_rho_all else torch.zeros(0, dtype=torch.float64)
-        p999 = torch.nanquantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
+        p999 = ess_math.nan_quantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
         return [*(kish[k].shift for k in ESS_KINDS), p999], kish
 
     def _local_sums(self, kish: dict[str, ess_math.LogKish], shifts: torch.Tensor) -> list:

@@ -182,13 +182,17 @@ class ServerBackend:
     def _on_rank0(self, fn) -> None:
         """fn(publisher) on rank 0. Collective: rank 0's outcome is broadcast, so a refused publish is the same
         one-line error on every rank instead of a hang in a barrier."""
-        error = None
+        error, original = None, None
         if self.publisher is not None:
             try:
                 fn(self.publisher)
             except (ServerError, OSError) as e:
                 error = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
+            except Exception as e:  # noqa: BLE001 -- any failure (an NCCL one) must reach every rank before a collective
+                error, original = f"weight publish failed on rank 0: {type(e).__name__}: {' '.join(str(e).split())}", e
         error = dist.broadcast_object(error)
+        if original is not None:
+            raise original  # rank 0 keeps its traceback; the other ranks stop with the one line below
         if error:
             raise ServerError(error)
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from rl_training.ckpt.marker import fsync_tree
 from rl_training.rollout.server_client import ServerClient, ServerError
 
@@ -201,6 +203,22 @@ class NcclPublisher:
             engine.shutdown()
 
 
+def after_default_stream(pairs):
+    """(name, tensor) pairs, each produced only after the stream it is produced on has waited for the default
+    stream. vLLM's NCCL producer pulls (and so computes) the merged weights on its own side streams
+    (weight_transfer/packed_tensor.py), while the optimizer wrote the parameters they read on the default
+    stream: without the wait the broadcast could read weights still being written (issue 29, N5). A no-op on CPU."""
+    it = iter(pairs)
+    while True:
+        if torch.cuda.is_available():
+            torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        yield item
+
+
 def merged_weight_source(model):
     """A vLLM WeightSource over the policy's merged HF weights (`merged_hf_weights`), re-iterable. The class
     is built here because vLLM is imported only on the nccl path."""
@@ -216,7 +234,7 @@ def merged_weight_source(model):
             return self._meta
 
         def __iter__(self):
-            return iter(merged_hf_weights(model))
+            return after_default_stream(merged_hf_weights(model))
 
     return _Merged()
 

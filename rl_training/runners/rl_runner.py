@@ -57,6 +57,7 @@ from rl_training.runtime.stopping import StopOnSignal
 from rl_training.tasks.base import Task, score_completions
 from rl_training.tasks.build import build_task, task_context
 from rl_training.train.optimizer import build_optimizer
+from rl_training.train.packing import row_tokens_for
 from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
 from rl_training.train.update import (
     TrainStats,
@@ -274,7 +275,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             run.tokenizer.pad_token_id,
             run.info.device,
             cfg.train.drop_zero_adv_groups,
-            pack_row_tokens=cfg.train.pack_row_tokens if cfg.train.pack_sequences else None,
+            pack_row_tokens=row_tokens_for(cfg.model.attn_implementation, cfg.train.pack_row_tokens)
+            if cfg.train.pack_sequences
+            else None,
         )
         lr = run.scheduler.get_last_lr()[0]
         norm = step_norm(rollouts, run.derived.seqs_per_rank, run.max_trainable_tokens, run.info.device)

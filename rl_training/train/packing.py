@@ -17,8 +17,10 @@ the row-end pads, are never gathered.
 
 Row width: `row_tokens` = 0 packs into rows as wide as the longest sequence (bin packing: the attention cost
 per row stays that of one padded row, the right choice for sdpa/eager, whose block-diagonal mask is a dense
-[W, W] mask); a larger value packs more sequences per row (one row of all tokens is what flash-attention's
-varlen kernel wants on GPU).
+[W, W] mask); a larger value packs more sequences per row. flash_attention_2 always gets ONE_ROW, every
+sequence of the micro-batch in a single row: transformers reads its varlen boundaries from the position ids
+only for a batch of one row (modeling_flash_attention_utils), so with two rows the packed sequences would
+attend to their row neighbours (issue 29, N4).
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ def first_fit_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+ONE_ROW = -1  # row_tokens: all sequences of a micro-batch in one row (flash-attention's varlen path)
+
+
+def row_tokens_for(attn_implementation: str, row_tokens: int) -> int:
+    """The row width a packed micro-batch gets: ONE_ROW under flash_attention_2 (module docstring), else
+    train.pack_row_tokens."""
+    return ONE_ROW if attn_implementation == "flash_attention_2" else row_tokens
+
+
 def pack_sequences(
     seqs: list[list[int]], group_size: int, pad_id: int, row_tokens: int = 0, padded_width: int = 0
 ) -> PackedRows:
@@ -65,7 +76,8 @@ def pack_sequences(
     width max(padded_width, longest) onto them."""
     lengths = [len(s) for s in seqs]
     T = max(padded_width, max(lengths))
-    rows = first_fit_rows(lengths, max(row_tokens, max(lengths)))
+    cap = sum(lengths) if row_tokens == ONE_ROW else max(row_tokens, max(lengths))
+    rows = first_fit_rows(lengths, cap)
     W = max(sum(lengths[b] for b in members) for members in rows)  # trimmed to the fullest row
     R = len(rows)
     ids = [[pad_id] * W for _ in range(R)]

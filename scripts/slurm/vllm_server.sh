@@ -14,6 +14,7 @@ fi
 # ignored here, and an ignored signal stays ignored across exec.
 trap '' USR1 USR2
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=1  # /v1/load_lora_adapter: the versioned policy adapters
+# VLLM_SERVER_DEV_MODE=1 (server.weight_sync full or nccl) comes from rl_train.sbatch, which reads the run's config
 echo "vllm_server.sh: task $SLURM_PROCID on $SLURMD_NODENAME port $port gpus ${CUDA_VISIBLE_DEVICES:-none}"
 # shellcheck disable=SC2086  # RL_SERVER_ARGS is a list of arguments
 exec "$RL_PYTHON" -m vllm.entrypoints.openai.api_server --host 0.0.0.0 --port "$port" $RL_SERVER_ARGS

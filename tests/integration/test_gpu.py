@@ -16,6 +16,7 @@ from tests.helpers import REPO, RL_RUNNER, TESTCFG, torchrun_cmd
 
 pytestmark = pytest.mark.gpu
 CUDA_VLLM = ["rollout.backend=vllm", "vllm.memory_fraction=0.3", "vllm.sleep=true"]
+LEVEL_1 = ["vllm.sleep_level=1"]  # a bare sleep/wake without a sync keeps the weights only at level 1 (T1)
 # bf16 as the recipes train, CUDA graphs on (the decode path the recipes use), big steps: stale engine weights
 # would show in the canary. Bound: bf16 kernels put trainer and vLLM log-probs ~1e-3-1e-2 apart per token.
 BF16_GRAPHS = ["model.dtype=bfloat16", "vllm.enforce_eager=false", "optim.lr=1e-2", "optim.warmup_steps=0"]
@@ -65,10 +66,11 @@ def free_gb() -> float:
 
 
 def test_sleep_releases_and_wake_takes_back_the_engine_memory(run_overrides):
-    """Measured here with mem_get_info around the backend's own sleep/wake, not from its metrics."""
+    """Measured here with mem_get_info around the backend's own sleep/wake, not from its metrics. Level 1: the
+    step after the bare sleep/wake generates before any sync, from the weights the host backup restored."""
     import torch
 
-    cfg = load_config(TESTCFG, [*run_overrides, *CUDA_VLLM])
+    cfg = load_config(TESTCFG, [*run_overrides, *CUDA_VLLM, *LEVEL_1])
     run = rl_runner.setup(cfg, dist.init_distributed())
     try:
         rl_runner.rl_step(run, 0)

@@ -21,7 +21,9 @@ def test_adapter_push_equals_trainer_and_keeps_canary(run_overrides):
     import bm25s  # noqa: F401  (the engine must build beside it: vllm_engine.llvmlite_hidden)
 
     assert "llvmlite" in sys.modules
-    cfg = load_config(TESTCFG, [*run_overrides, *VLLM, "rollout.temperature=0.7", "vllm.weight_sync=lora"])
+    cfg = load_config(
+        TESTCFG, [*run_overrides, *VLLM, "rollout.temperature=0.7", "vllm.weight_sync=lora", "vllm.sleep_level=1"]
+    )
     run = rl_runner.setup(cfg, dist.init_distributed())
     try:
         prompts = run.prompts[:16]

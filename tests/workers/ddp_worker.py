@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 
-def _init(rank: int, world: int, port: int):
+def _init(rank: int, world: int, port: int, timeout_s: float | None = None):
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
@@ -18,11 +18,12 @@ def _init(rank: int, world: int, port: int):
             "WORLD_SIZE": str(world),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world),
+            "RL_DEVICE": "cpu",  # gloo on the CPU even on a CUDA machine (rank 1 has no second GPU there)
         }
     )
     from rl_training.base import dist
 
-    return dist.init_distributed()
+    return dist.init_distributed(timeout_s)
 
 
 def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, drop: bool = False) -> None:
@@ -100,3 +101,26 @@ def train_worker(rank: int, world: int, port: int, out: str, overrides: list[str
     run.logger.close()
     run.backend.close()
     dist.cleanup()
+
+
+def publish_failure_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Issue 29 N6: rank 0's publisher raises something that is neither ServerError nor OSError (an NCCL
+    failure); every rank must stop with it at once instead of waiting in the next collective."""
+    import time
+    from types import SimpleNamespace
+
+    from rl_training.rollout.server import ServerBackend
+
+    _init(rank, world, port, timeout_s=20)  # without the fix rank 1 would wait in the broadcast until then
+
+    def publish(publisher):
+        raise RuntimeError("NCCL error: unhandled system error\n(second line)")
+
+    me = SimpleNamespace(publisher=object() if rank == 0 else None)
+    t0 = time.perf_counter()
+    try:
+        ServerBackend._on_rank0(me, publish)
+        result = "no error"
+    except Exception as e:  # noqa: BLE001 -- what each rank saw is the test's result
+        result = f"{type(e).__name__}: {e}"
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"error": result, "s": time.perf_counter() - t0}))

@@ -42,6 +42,15 @@ WORKERS_PER_CORE = 4
 _WORKER_SRC = Path(worker.__file__).read_text()
 
 
+def default_cores(ranks_per_node: int = 1, affinity: int | None = None, node_cores: int | None = None) -> int:
+    """The cores one rank's pool is sized for: the node's cores divided among its ranks, and never more than the
+    rank may run on. The affinity mask alone is not enough: ranks bound to one socket each see the whole socket
+    (4 ranks on a 112-CPU socket of a DGX would start 4 x 448 sandboxes; issue 29, N7)."""
+    affinity = affinity or len(os.sched_getaffinity(0))
+    node_cores = node_cores or os.cpu_count() or affinity
+    return max(1, min(affinity, node_cores // max(1, ranks_per_node)))
+
+
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot start on this machine; the message says why and what to do."""
 
@@ -65,7 +74,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class PoolSettings:
-    workers: int = 0  # 0 = 4 per CPU core this process may use (WORKERS_PER_CORE)
+    workers: int = 0  # 0 = 4 per CPU core this rank may use (WORKERS_PER_CORE x default_cores)
+    ranks_per_node: int = 1  # the ranks that share this node's cores (torchrun's LOCAL_WORLD_SIZE)
     mode: Literal["strict", "weak"] = "strict"
     limits: Limits = Limits()
     tmpfs_bytes: int = 64 << 20  # the private /tmp of each worker
@@ -235,7 +245,7 @@ class Pool:
 
     def __init__(self, settings: PoolSettings = PoolSettings()):
         self.settings = settings
-        n = settings.workers or WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+        n = settings.workers or WORKERS_PER_CORE * default_cores(settings.ranks_per_node)
         self.python = self._pick_python()
         self._idle: list[Worker] = []
         self._cv = threading.Condition()

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import DataError, Example
 from rl_training.tasks.base import Scores, Task, TaskContext
 from rl_training.tasks.code import CODE_FORMATS, COUNT_NAMES, FAILURE_CLASSES, PART_NAMES
@@ -131,12 +132,15 @@ _pool: Pool | None = None
 _settings = PoolSettings()
 
 
-def configure(workers: int = 0, mode: str = "strict", memory_mb: int = 1024, output_kb: int = 1024) -> None:
-    """Pool settings for this process (the runner calls it from cfg.sandbox); a running pool is replaced."""
+def configure(
+    workers: int = 0, mode: str = "strict", memory_mb: int = 1024, output_kb: int = 1024, ranks_per_node: int = 1
+) -> None:
+    """Pool settings for this process (CodeTask.start, from cfg.sandbox and the ranks on this node); a running
+    pool is replaced."""
     global _settings, _pool
     limits = Limits(mem_bytes=memory_mb << 20, msg_bytes=output_kb << 10)
     with _lock:
-        new = PoolSettings(workers=workers, mode=mode, limits=limits)
+        new = PoolSettings(workers=workers, mode=mode, limits=limits, ranks_per_node=ranks_per_node)
         if _pool is not None and new != _settings:
             _pool.close()
             _pool = None
@@ -206,9 +210,9 @@ class CodeTask(Task):
         return code_example(self.fmt, record, where)
 
     def start(self, ctx: TaskContext | None = None) -> None:
-        s = getattr(ctx.cfg, "sandbox", None) if ctx is not None else None
-        if s is not None:
-            configure(workers=s.workers, mode=s.mode, memory_mb=s.memory_mb, output_kb=s.output_kb)
+        ctx = ctx or TaskContext()
+        s = getattr(ctx.cfg, "sandbox", None) or SandboxCfg()
+        configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size)
         get_pool()
 
     def close(self) -> None:

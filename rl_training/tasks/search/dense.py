@@ -42,7 +42,7 @@ def query_prefix(encoder_name: str) -> str:
 class Encoder:
     """A named text encoder (local path or hub id) embedding queries as Search-R1's `Encoder` does."""
 
-    def __init__(self, name: str, device: str = "cuda", max_tokens: int = 256):
+    def __init__(self, name: str, device: str = "cpu", max_tokens: int = 256):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -83,8 +83,8 @@ class DenseRetriever:
         corpus_path: str,
         encoder: str,
         *,
-        device: str = "cuda",
-        faiss_gpu: bool = False,
+        device: str = "cpu",
+        faiss_gpus: tuple[int, ...] = (),
         max_query_tokens: int = 256,
         batch_size: int = 512,
     ):
@@ -93,10 +93,10 @@ class DenseRetriever:
         self.index = faiss.read_index(index_path)
         if self.index.ntotal != len(self.passages):
             raise ValueError(f"{index_path} holds {self.index.ntotal} vectors for {len(self.passages)} passages")
-        if faiss_gpu:
+        if faiss_gpus:  # only the GPUs named: a retriever started per node must not take the trainers' (N8)
             co = faiss.GpuMultipleClonerOptions()
             co.useFloat16, co.shard = True, True
-            self.index = faiss.index_cpu_to_all_gpus(self.index, co=co)
+            self.index = faiss.index_cpu_to_gpus_list(self.index, co=co, gpus=list(faiss_gpus))
         self.encoder = Encoder(encoder, device, max_query_tokens)
         self.prefix, self.batch_size = query_prefix(encoder), batch_size
 

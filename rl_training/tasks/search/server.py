@@ -4,7 +4,7 @@
     python -m rl_training.tasks.search.server --corpus data/search/corpus.jsonl --port 8000
     # FAISS e5 over wiki-18 on a GPU node, as Search-R1 serves it (needs faiss, see rl_training/tasks/search/dense.py):
     python -m rl_training.tasks.search.server --retriever dense --corpus wiki-18.jsonl --index e5_Flat.index \\
-        --encoder intfloat/e5-base-v2 --faiss-gpu --port 8000
+        --encoder intfloat/e5-base-v2 --device cuda:7 --faiss-gpus 7 --port 8000
     # an ephemeral port, written to a file once the index is built and the socket listens (tests, SLURM):
     python -m rl_training.tasks.search.server --corpus ... --port 0 --port-file /tmp/retriever.port
 
@@ -73,7 +73,8 @@ def build_retriever(a: argparse.Namespace) -> tuple[Retriever, int]:
 
     if not a.index or not a.encoder:
         raise SystemExit("server: --retriever dense needs --index (a FAISS index file) and --encoder (a model)")
-    r = DenseRetriever(a.index, a.corpus, a.encoder, device=a.device, faiss_gpu=a.faiss_gpu)
+    gpus = tuple(int(g) for g in a.faiss_gpus.split(",") if g.strip())
+    r = DenseRetriever(a.index, a.corpus, a.encoder, device=a.device, faiss_gpus=gpus)
     return r, len(r.passages)
 
 
@@ -86,20 +87,26 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", required=True, help='jsonl of {"id", "contents"} (Search-R1 / wiki-18 form)')
     ap.add_argument("--retriever", choices=["bm25", "dense"], default="bm25")
     ap.add_argument("--bm25-index", default="", help="bm25: load the index from this directory, or build and save it")
     ap.add_argument("--index", default="", help="dense: FAISS index file (row i = corpus line i)")
     ap.add_argument("--encoder", default="", help="dense: query encoder, a local path or hub id (e.g. e5-base-v2)")
-    ap.add_argument("--device", default="cuda", help="dense: device of the encoder")
-    ap.add_argument("--faiss-gpu", action="store_true", help="dense: shard the index over all visible GPUs")
+    # CPU by default: a retriever started per node beside the trainers would otherwise land on GPU 0, where rank 0
+    # trains and its engine lives (issue 29, N8); name a free GPU to use one.
+    ap.add_argument("--device", default="cpu", help="dense: device of the encoder (cpu, or cuda:N for a free GPU)")
+    ap.add_argument("--faiss-gpus", default="", help="dense: shard the index over these GPUs, e.g. 6,7 ('' = CPU)")
     ap.add_argument("--topk", type=int, default=3, help="topk of requests that give none")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 = any free port (see --port-file)")
     ap.add_argument("--port-file", default="", help="write the bound port here once the server accepts connections")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
 
     import uvicorn
 

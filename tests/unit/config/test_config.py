@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
 from rl_training.config.reference import reference, write_reference
@@ -299,3 +300,23 @@ def test_resume_changes_compares_target_modules_as_a_set(tmp_path):
         CheckpointError, match=r"saved with lora.target_modules=\['q_proj', 'v_proj'\], now \['q_proj'\]"
     ):
         resume_changes(tmp_path, to_yaml(load_config(None, ["lora.target_modules=[q_proj]", "optim.lr=0.001"])))
+
+
+def test_lora_weight_sync_never_sleeps_at_level_2(tmp_path):
+    """Issue 29 N1: level 2 discards the base weights and weight_sync=lora never sends them again. Refused at
+    load (training) and by the engine itself, before it builds (a config made in code skips load_config)."""
+    import dataclasses
+
+    from rl_training.base.dist import DistInfo
+    from rl_training.rollout.vllm_engine import VLLMBackend
+
+    msg = r"vllm.weight_sync=lora with vllm.sleep_level=2: level 2 discards the base weights"
+    with pytest.raises(ConfigError, match=msg):
+        load_config(None, ["vllm.weight_sync=lora"])
+    for ok in (["vllm.sleep_level=1"], ["vllm.sleep=false"], ["rollout.backend=hf"]):
+        load_config(None, ["vllm.weight_sync=lora", *ok])
+    assert load_config(None, ["vllm.weight_sync=lora"], training=False).vllm.sleep_level == 2  # evals never sleep
+    cfg = load_config(None, ["vllm.weight_sync=lora", "vllm.sleep_level=1"])
+    bad = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, sleep_level=2))
+    with pytest.raises(ConfigError, match=msg):
+        VLLMBackend(bad, None, None, DistInfo(0, 0, 1, torch.device("cpu")))

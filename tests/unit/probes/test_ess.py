@@ -3,6 +3,7 @@ defined critical reading for NaN or inf weights (docs/probes.md 1.7)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -166,3 +167,30 @@ def test_minus_inf_log_weight_is_a_zero_weight():
     lw = torch.tensor([0.0, 0.0, -math.inf, 0.0], dtype=D)  # a token the trainer gives probability 0
     r = kish_of(log_kish(lw))
     assert r.defined and r.ess == pytest.approx(3.0) and r.ness == pytest.approx(0.75)
+
+
+def test_nan_quantile_is_torchs_without_its_size_limit():
+    """Issue 29 N9: torch.nanquantile refuses more than 2^24 elements, which a long-context step's tokens pass;
+    ess.nan_quantile gives its values (NaNs skipped, linear interpolation) at any size."""
+    import math
+
+    from rl_training.probes import probe
+    from rl_training.probes.ess import nan_quantile
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 1000):
+        x = torch.randn(n, generator=g, dtype=torch.float64).exp()
+        x[torch.rand(n, generator=g) < 0.3] = math.nan
+        for q in (0.0, 0.5, 0.999, 1.0):
+            want = torch.nanquantile(x, q)
+            assert torch.equal(nan_quantile(x, q).isnan(), want.isnan())
+            if not want.isnan():
+                assert nan_quantile(x, q).item() == pytest.approx(want.item(), rel=1e-12)
+    assert nan_quantile(torch.full((3,), math.nan), 0.5).isnan()
+    assert nan_quantile(torch.tensor([1.0, math.inf]), 0.999).item() == math.inf
+    big = torch.arange(2**24 + 2, dtype=torch.float32)  # 0 .. 2^24 + 1
+    with pytest.raises(RuntimeError, match="too large"):
+        torch.nanquantile(big, 0.5)
+    # q (n - 1) = 0.5 (2^24 + 1): halfway between 2^23 and 2^23 + 1
+    assert nan_quantile(big, 0.5).item() == pytest.approx(2**23 + 0.5)
+    assert "torch.nanquantile" not in inspect.getsource(probe)  # the probe uses the unlimited one

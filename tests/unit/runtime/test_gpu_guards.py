@@ -3,6 +3,7 @@ group's timeout from the config, per-step CUDA peak memory, the flash-attn refus
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
@@ -16,7 +17,7 @@ from rl_training.config.schema import ConfigError
 from rl_training.metrics import step as step_metrics
 from rl_training.policy.models import ModelLoadError, check_attn_implementation
 from rl_training.rollout.vllm_engine import SEED_BITS, completion_seeds
-from tests.helpers import free_port
+from tests.helpers import REPO, free_port
 
 
 def fake_sysfs(root, pci: str, node: int | str, cpulist: str):
@@ -55,7 +56,7 @@ def test_bind_to_numa_node_pins_every_thread_within_the_allowed_cpus(tmp_path):
 
 def _timeout_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    os.environ["LOCAL_RANK"] = str(rank)
+    os.environ.update(LOCAL_RANK=str(rank), RL_DEVICE="cpu")  # a CPU test, also on a 1-GPU machine
     dist.init_distributed(timeout_s=3.0)
     if rank == 1:
         time.sleep(12)  # never joins the barrier in time
@@ -120,3 +121,32 @@ def test_completion_seed_layout():
     # had only 16 + 8 - 1 = 23 streams.
     assert len({100 + i + j for i in range(16) for j in range(8)}) == 23
     assert completion_seeds(None, 2, 3) == [None] * 6
+
+
+def test_multi_rank_cpu_tests_run_on_a_one_gpu_machine(monkeypatch):
+    """Issue 29 T2: on a CUDA machine init_distributed takes cuda:LOCAL_RANK, so the 2-rank CPU tests' rank 1
+    failed with 'invalid device ordinal' on one GPU. RL_DEVICE=cpu keeps a process on the CPU (the test workers
+    set it), and a rank without a GPU of its own is one line naming the fix."""
+    from rl_training.base.errors import UserError
+    from tests.workers import ddp_worker
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # a world of one: no process group is created by these calls
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("RL_DEVICE", raising=False)
+    with pytest.raises(UserError, match=r"LOCAL_RANK=1 but this process sees 1 GPU\(s\).*set RL_DEVICE=cpu"):
+        dist.init_distributed()
+    monkeypatch.setenv("RL_DEVICE", "cpu")
+    assert dist.init_distributed().device == torch.device("cpu")
+    assert '"RL_DEVICE": "cpu"' in inspect.getsource(ddp_worker._init)
+    assert 'RL_DEVICE="cpu"' in inspect.getsource(_timeout_worker)
+
+
+def test_the_gpu_sleep_test_sleeps_at_level_1():
+    """Issue 29 T1: tests/integration/test_gpu.py puts the engine to sleep and wakes it without a sync, then
+    generates: only level 1 keeps the weights (level 2, the default, discards them). Read from its source: the
+    test itself needs CUDA."""
+    source = (REPO / "tests" / "integration" / "test_gpu.py").read_text()
+    body = source.split("def test_sleep_releases_and_wake_takes_back_the_engine_memory")[1].split("\ndef ")[0]
+    assert "*LEVEL_1" in body and 'LEVEL_1 = ["vllm.sleep_level=1"]' in source

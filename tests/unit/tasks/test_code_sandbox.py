@@ -224,3 +224,29 @@ def test_synthetic_task_is_graded_on_hidden_inputs(pool):
         want += [1.0, 0.0, 0.0]
     scores = score_code_batch(completions, exs, timeout_s=5.0)
     assert scores.rewards == want
+
+
+def test_pool_size_is_the_ranks_share_of_the_node():
+    """Issue 29 N7: 4 ranks bound to one 112-CPU socket of a 224-CPU node each see 112 CPUs; sized by the mask each
+    would start 4 x 112 = 448 sandboxes (1,792 on the socket). The node's cores / its ranks: 4 x 56 each."""
+    from rl_training.tasks.code.sandbox import WORKERS_PER_CORE, default_cores
+
+    assert default_cores(ranks_per_node=4, affinity=112, node_cores=224) == 56
+    assert default_cores(ranks_per_node=1, affinity=112, node_cores=224) == 112  # never more than the mask
+    assert default_cores(ranks_per_node=8, affinity=2, node_cores=2) == 1  # at least one core
+    assert WORKERS_PER_CORE * default_cores(4, 112, 224) * 4 == 896  # 4 per CPU over the node's 224
+
+
+def test_code_task_sizes_its_pool_for_the_ranks_of_its_node(monkeypatch):
+    """CodeTask.start hands the config's sandbox.* and the node's rank count to the pool settings."""
+    from rl_training.config.load import load_config
+    from rl_training.tasks.base import TaskContext
+    from rl_training.tasks.build import make_task
+    from rl_training.tasks.code import task as code_task
+
+    monkeypatch.setattr(code_task, "get_pool", lambda: None)  # settings only: no sandbox started here
+    monkeypatch.setattr(code_task, "_settings", code_task.PoolSettings())
+    cfg = load_config(None, ["task.name=mbpp", "sandbox.memory_mb=256"])
+    make_task("mbpp").start(TaskContext(local_world_size=4, cfg=cfg))
+    s = code_task._settings
+    assert (s.ranks_per_node, s.workers, s.limits.mem_bytes) == (4, 0, 256 << 20)

@@ -382,3 +382,26 @@ def test_bench_script_runs_small(tmp_path):
     assert res["passages"] == 500 and res["bm25_queries_per_s"] > 0 and res["bm25s_numpy_queries_per_s"] > 0
     assert set(res["http"]) == {"single_1", "batched_1", "batched_64"}
     assert all(v["requests"] == 5 and v["p95_ms"] >= v["p50_ms"] > 0 for v in res["http"].values())
+
+
+def test_dense_retriever_stays_off_the_trainers_gpus(corpus, monkeypatch):
+    """Issue 29 N8: the server's encoder is on the CPU unless a device is named, and the index goes to the GPUs
+    named (--faiss-gpus), never to every visible one (GPU 0 is where rank 0 trains)."""
+    import types
+
+    from rl_training.tasks.search import dense, server
+
+    calls = []
+    fake = types.SimpleNamespace(
+        read_index=lambda path: types.SimpleNamespace(ntotal=len(dense.load_corpus(corpus))),
+        GpuMultipleClonerOptions=types.SimpleNamespace,
+        index_cpu_to_gpus_list=lambda index, co, gpus: calls.append(("list", gpus)) or index,
+        index_cpu_to_all_gpus=lambda index, co: calls.append(("all",)) or index,
+    )
+    monkeypatch.setattr(dense, "_require_faiss", lambda: fake)
+    monkeypatch.setattr(dense, "Encoder", lambda name, device, max_tokens: ("encoder", device))
+    base = ["--corpus", str(corpus), "--retriever", "dense", "--index", "x.index", "--encoder", "e5"]
+    r, _ = server.build_retriever(server.parser().parse_args(base))
+    assert r.encoder == ("encoder", "cpu") and calls == []
+    r, _ = server.build_retriever(server.parser().parse_args([*base, "--device", "cuda:7", "--faiss-gpus", "6,7"]))
+    assert r.encoder == ("encoder", "cuda:7") and calls == [("list", [6, 7])]

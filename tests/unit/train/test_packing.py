@@ -10,7 +10,7 @@ from rl_training.algs.common import token_logprobs
 from rl_training.policy.models import trainable_parameters
 from rl_training.probes.capture import LoraUnitCapture
 from rl_training.rollout.base import Rollouts
-from rl_training.train.packing import first_fit_rows, pack_sequences, padded_tokens
+from rl_training.train.packing import ONE_ROW, first_fit_rows, pack_sequences, padded_tokens, row_tokens_for
 from rl_training.train.update import forward_logits, make_micro_batches
 from tests.helpers import G, grads_after, lora_policy
 
@@ -63,7 +63,7 @@ def policy(tiny_model):
     return lora_policy(tiny_model)
 
 
-@pytest.mark.parametrize("row_tokens", [0, 1000])
+@pytest.mark.parametrize("row_tokens", [0, 1000, ONE_ROW])
 def test_packed_logprobs_equal_padded_on_every_real_position(policy, row_tokens):
     ro = skewed_rollouts(4)
     adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
@@ -128,6 +128,31 @@ def test_unit_probe_norms_equal_padded(policy):
         out.append(cap.unit_sq_norms.clone())
     assert out[0].min() > 0
     torch.testing.assert_close(out[1], out[0], rtol=1e-9, atol=0)
+
+
+def test_flash_attention_packs_a_micro_batch_into_one_row():
+    """Issue 29 N4: transformers takes flash-attention's varlen path from position ids only for a batch of one
+    row, so under flash_attention_2 every micro-batch is one row, whatever its size; other kernels keep the
+    configured width, and an explicit width with flash-attention is refused."""
+    from rl_training.config.load import load_config
+    from rl_training.config.schema import ConfigError
+
+    assert row_tokens_for("flash_attention_2", 0) == ONE_ROW and row_tokens_for("sdpa", 0) == 0
+    lengths = [30, 7, 7, 7, 25, 3]
+    seqs = [[5] * n for n in lengths]
+    assert pack_sequences(seqs, 2, 0, ONE_ROW).input_ids.shape == (1, sum(lengths))
+    assert pack_sequences(seqs, 2, 0, 0).input_ids.shape[0] == 3  # rows of 30: [30], [25, 3], [7, 7, 7]
+    fa = ["model.attn_implementation=flash_attention_2", "train.pack_sequences=true"]
+    with pytest.raises(
+        ConfigError, match="train.pack_row_tokens=4096 with model.attn_implementation=flash_attention_2"
+    ):
+        load_config(None, [*fa, "train.pack_row_tokens=4096"])
+    assert load_config(None, fa).train.pack_row_tokens == 0
+    import inspect
+
+    from rl_training.runners import rl_runner
+
+    assert "row_tokens_for(cfg.model.attn_implementation, cfg.train.pack_row_tokens)" in inspect.getsource(rl_runner)
 
 
 def test_padded_tokens_of_a_skewed_batch():
