@@ -10,8 +10,13 @@ setup:
 
 # First run on a new GPU machine (docs/gpu.md): the stack, the gpu tests, bf16 RL steps with sleep/wake and
 # resume, NCCL on 2 GPUs; one verdict table, exit 1 on a FAIL. About 5 minutes; on CPU the CUDA rows SKIP.
-gpu-check: setup
-	$(PY) scripts/gpu_check.py
+# Installs nothing when it can run: with .venv, or with a system python3 that has a CUDA torch (a site image or a
+# container, possibly offline and without vLLM: the RL rows then run on the HF backend); else sets .venv up first.
+gpu-check:
+	@if [ -x $(PY) ]; then $(PY) scripts/gpu_check.py; \
+	elif python3 -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null; then \
+	  PYTHONPATH=$(CURDIR) python3 scripts/gpu_check.py; \
+	else scripts/setup.sh && $(PY) scripts/gpu_check.py; fi
 
 demo: setup
 	$(PY) scripts/demo.py

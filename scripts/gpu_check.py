@@ -9,7 +9,10 @@ steps of the tiny model (built here, with a short SFT warm start) with CUDA grap
 sync every step and a high learning rate, so stale weights in the engine would show in the canary
 rollout/logp_diff_*; a checkpoint and a resume; NCCL all-reduce over 2 GPUs when there are 2. The exit status
 is 1 if any row FAILs, else 0. On a machine without a GPU the CUDA rows say SKIP; `--run-on-cpu` runs the RL
-rows there anyway (float32, the CPU vLLM), which tests this script itself. See docs/gpu.md.
+rows there anyway (float32, the CPU vLLM), which tests this script itself. Where vLLM is not installed (a site
+image or container with a CUDA torch and no package index) nothing is installed: the RL rows run on the HF
+rollout backend, and what needs vLLM (its compiled ops, the gpu-marked tests, the weight-sync and sleep rows)
+says SKIP with the reason. See docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PASS, FAIL, SKIP, WARN = "PASS", "FAIL", "SKIP", "WARN"
 NO_GPU = "(no GPU)"
+NO_VLLM = "(vLLM not installed: the RL rows use the HF backend)"
 # Canary bounds on the mean |trainer - vLLM| log-prob per token: float32 on CPU agrees to ~1e-5 (the tests'
 # 1e-3 bound); bf16 kernels differ by ~1e-3-1e-2. Weights one step stale at lr 1e-2 are off by far more.
 CANARY_MEAN_MAX = {"bfloat16": 2e-2, "float32": 1e-3}
@@ -91,7 +95,16 @@ def bound_row(check: str, value: float | None, limit: float, below: bool = True,
 
 
 # ------------------------------------------------------------------------------------------------ the stack
-def stack_rows(cuda: bool) -> list[Row]:
+def vllm_missing() -> str:
+    """'' when vLLM imports, else why not (the reason its rows SKIP)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        return f"{NO_VLLM[:-1]}; {type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''})"
+    return ""
+
+
+def stack_rows(cuda: bool, no_vllm: str = "") -> list[Row]:
     import torch
 
     from rl_training.runtime.platform_check import cuda_problem, min_driver, probe
@@ -111,7 +124,7 @@ def stack_rows(cuda: bool) -> list[Row]:
         Row("torch CUDA build", PASS, f"{p.torch_version} (CUDA {p.torch_cuda})", "torch.version.cuda set"),
         Row("NVIDIA driver", PASS if driver_ok else FAIL, str(p.driver), f">= R{need}" if need else "any"),
         Row("GPUs", PASS, f"{len(gpus)} x {gpus[0]}", ">= 1"),
-        guarded("vllm._C", check_vllm_ops, "imports"),
+        skipped("vllm._C", no_vllm) if no_vllm else guarded("vllm._C", check_vllm_ops, "imports"),
         guarded("Triton kernel", check_triton, "compiles, runs, exact"),
     ]
     return rows
@@ -156,9 +169,9 @@ def check_triton(device: str = "cuda") -> str:
 
 
 # ------------------------------------------------------------------------------------------ gpu tests, NCCL
-def gpu_tests_row(cuda: bool, skip_tests: bool, skip: str) -> Row:
-    if not cuda or skip_tests:
-        return skipped("gpu-marked tests", skip if not cuda else "(--skip-tests)")
+def gpu_tests_row(cuda: bool, skip_tests: bool, skip: str, no_vllm: str = "") -> Row:
+    if not cuda or skip_tests or no_vllm:
+        return skipped("gpu-marked tests", skip if not cuda else "(--skip-tests)" if skip_tests else no_vllm)
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(REPO / "tests")]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
     summary = (r.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
@@ -221,8 +234,9 @@ def prepare(work: Path) -> list[str]:
     return [f"model.name_or_path={work / 'sft' / 'final_model'}", *base]
 
 
-def rl_rows(work: Path, cuda: bool) -> list[Row]:
+def rl_rows(work: Path, cuda: bool, no_vllm: str = "") -> list[Row]:
     dtype = "bfloat16" if cuda else "float32"
+    backend = "hf" if no_vllm else "vllm"
     try:
         base = prepare(work)
     except RuntimeError as e:
@@ -230,7 +244,7 @@ def rl_rows(work: Path, cuda: bool) -> list[Row]:
     overrides = [
         *base,
         "run.name=check",
-        "rollout.backend=vllm",
+        f"rollout.backend={backend}",
         f"model.dtype={dtype}",
         "vllm.enforce_eager=false",  # CUDA graphs on, as the recipes run
         "vllm.sleep=true",
@@ -245,16 +259,19 @@ def rl_rows(work: Path, cuda: bool) -> list[Row]:
     took = time.time() - t0
     metrics = read_metrics(work / "check" / "metrics.jsonl")
     steps = [m["step"] for m in metrics]
+    where = (
+        ("CUDA graphs" if cuda else "CPU") if backend == "vllm" else ("HF backend, CUDA" if cuda else "HF backend, CPU")
+    )
     rows = [
         Row(
-            f"RL steps ({dtype}, CUDA graphs)" if cuda else f"RL steps ({dtype}, CPU)",
+            f"RL steps ({dtype}, {where})",
             PASS if r.returncode == 0 and steps == list(range(1, RL_STEPS + 1)) else FAIL,
             f"exit {r.returncode}, steps {steps}, {took:.0f} s",
             f"exit 0, steps 1..{RL_STEPS}",
         )
     ]
-    rows += canary_rows(metrics, dtype)
-    rows += sleep_rows(metrics, cuda)
+    rows += canary_rows(metrics, dtype, no_vllm)
+    rows += [skipped(n, no_vllm) for n in RL_ROWS[3:5]] if no_vllm else sleep_rows(metrics, cuda)
     r2 = run_module(
         "rl_training.runners.rl_runner", [*args, f"train.total_steps={RESUME_STEPS}", "ckpt.resume=latest"], work
     )
@@ -276,13 +293,16 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def canary_rows(metrics: list[dict], dtype: str) -> list[Row]:
+def canary_rows(metrics: list[dict], dtype: str, no_vllm: str = "") -> list[Row]:
     worst = max((m.get("rollout/logp_diff_mean", float("nan")) for m in metrics), default=None)
     versions = [m.get("rollout/weight_version") for m in metrics]
     updated = sum(m.get("train/grad_norm", 0.0) > 0 for m in metrics)
+    canary = bound_row(f"canary logp_diff_mean ({dtype})", worst, CANARY_MEAN_MAX[dtype])
+    if no_vllm:  # HF generates with the trained model itself: there is no engine to sync
+        return [canary, skipped("weights synced every step", no_vllm)]
     synced = bool(versions) and all(b == a + 1 for a, b in itertools.pairwise(versions))
     return [
-        bound_row(f"canary logp_diff_mean ({dtype})", worst, CANARY_MEAN_MAX[dtype]),
+        canary,
         Row(
             "weights synced every step",
             PASS if synced and updated else (WARN if synced else FAIL),
@@ -320,17 +340,18 @@ def main(argv=None) -> int:
     import torch
 
     cuda = torch.cuda.is_available()
-    rows = stack_rows(cuda)
+    no_vllm = vllm_missing()
+    rows = stack_rows(cuda, no_vllm)
     for r in rows:
         print(f"gpu-check: {r.check}: {r.result} {r.value}", flush=True)
     platform_ok = rows[0].result == PASS
     skip = NO_GPU if platform_ok else skip_reason("see platform")
-    rows.append(gpu_tests_row(cuda and platform_ok, a.skip_tests, skip))
+    rows.append(gpu_tests_row(cuda and platform_ok, a.skip_tests, skip, no_vllm))
     if (cuda and platform_ok) or a.run_on_cpu:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(a.keep or tmp).resolve()  # the runner prints absolute checkpoint paths
             work.mkdir(parents=True, exist_ok=True)
-            rows += rl_rows(work, cuda)
+            rows += rl_rows(work, cuda, no_vllm)
     else:
         rows += [skipped(n, skip) for n in RL_ROWS]
     rows.append(nccl_row(torch.cuda.device_count() if cuda and platform_ok else 0, skip))

@@ -117,3 +117,45 @@ def test_rl_rows_run_for_real_on_cpu(tmp_path, capsys):
         assert " PASS " in result[check], result[check]
     assert "versions [2.0, 3.0, 4.0, 5.0]" in result["weights synced every step"]  # build + one sync per step
     assert " SKIP " in result["vLLM sleep frees memory"]
+
+
+def hide_vllm(tmp_path) -> dict:
+    """An environment whose `import vllm` fails, for this process's children too: a stub package first on
+    PYTHONPATH that raises ImportError, as on an image without vLLM."""
+    stub = tmp_path / "no_vllm" / "vllm"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named vllm (hidden by the test)')\n")
+    return {**os.environ, "PYTHONPATH": f"{stub.parent}{os.pathsep}{REPO}"}
+
+
+def test_vllm_missing_is_found_and_its_rows_skip(tmp_path):
+    code = "import gpu_check as g; r = g.vllm_missing(); print(r); print(g.gpu_tests_row(True, False, '', r).result)"
+    env = hide_vllm(tmp_path)
+    env["PYTHONPATH"] += f"{os.pathsep}{REPO / 'scripts'}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    reason, row = out.stdout.strip().splitlines()
+    assert reason.startswith("(vLLM not installed: the RL rows use the HF backend; ImportError: No module named vllm")
+    assert row == gc.SKIP  # the gpu-marked tests need vLLM: SKIP, never FAIL
+    assert gc.vllm_missing() == ""  # here vLLM is installed
+
+
+@pytest.mark.slow
+@needs_cpu_torch
+def test_without_vllm_the_rl_rows_run_on_hf_and_nothing_fails(tmp_path):
+    """Issue 29 item 2: no vLLM (hidden from the script and every process it starts): nothing is installed, the RL
+    rows run on the HF backend for real (4 steps + resume to 6), what needs vLLM says SKIP with the reason, and
+    the verdict is PASS."""
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--run-on-cpu", "--keep", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=1200, env={**hide_vllm(tmp_path), "PATH": str(tmp_path)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    table = r.stdout.split("\n\n")[-1].splitlines()
+    result = {line.split("  ")[0]: line for line in table[2:-2]}
+    for check in ("RL steps (float32, HF backend, CPU)", "canary logp_diff_mean (float32)", "checkpoint + resume"):
+        assert " PASS " in result[check], result[check]
+    for check in ("weights synced every step", "vLLM sleep frees memory", "vLLM wake restores KV cache"):
+        assert " SKIP " in result[check] and "vLLM not installed" in result[check], result[check]
+    assert table[-1].startswith("verdict: PASS") and " FAIL" not in "\n".join(table[2:-2])
+    assert "  backend: hf\n" in (tmp_path / "w" / "check" / "config.yaml").read_text()  # the run's rollout backend
