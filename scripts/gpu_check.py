@@ -259,9 +259,7 @@ def rl_rows(work: Path, cuda: bool, no_vllm: str = "") -> list[Row]:
     took = time.time() - t0
     metrics = read_metrics(work / "check" / "metrics.jsonl")
     steps = [m["step"] for m in metrics]
-    where = (
-        ("CUDA graphs" if cuda else "CPU") if backend == "vllm" else ("HF backend, CUDA" if cuda else "HF backend, CPU")
-    )
+    where = ("HF backend, " if no_vllm else "") + ("CPU" if not cuda else "CUDA" if no_vllm else "CUDA graphs")
     rows = [
         Row(
             f"RL steps ({dtype}, {where})",

@@ -8,3 +8,9 @@ checkpoint, vLLM server, run lock, non-finite steps, metrics writes), so catchin
 class UserError(Exception):
     """Bad input or environment, reported as one line (exit status 2), not a bug in this code. A vLLM server
     that stays unreachable after the retries, or refuses the policy adapter, is one too (ServerError)."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: 'Type: message', the message's whitespace (newlines included) collapsed."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

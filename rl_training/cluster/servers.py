@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from rl_training.base.errors import UserError
+
 
 def server_layout(nodes: list[str], server_nodes: int, per_node: int) -> tuple[list[str], list[str]]:
     """(server hosts, one entry per server task in task order; trainer nodes)."""
@@ -123,8 +125,8 @@ def main(argv=None) -> int:
     runner_args = [x for x in a.runner_args if x != "--"]
     try:
         dev = needs_dev_mode(runner_args)
-    except Exception as e:  # noqa: BLE001 -- a config that does not load: the one line the batch script prints
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except UserError as e:  # a config that does not load: the one line the batch script prints
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(",".join(dict.fromkeys(hosts)))  # line 1: server nodes
     print(",".join(trainers))  # line 2: trainer nodes

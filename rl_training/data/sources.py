@@ -15,16 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_training.base.errors import UserError
+from rl_training.base.errors import UserError, one_line
 
 
 class DataError(UserError, ValueError):
     """Malformed data; the message names the file and line (or row) and the key."""
-
-
-def _one_line(e: BaseException) -> str:
-    """A library's message on one line (datasets and pyarrow messages may span several)."""
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ def records_from_file(path: Path):
         try:
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowException, OSError) as e:  # ArrowIOError is an OSError, ArrowInvalid a ValueError
-            raise DataError(f"{path}: unreadable parquet file ({type(e).__name__}: {_one_line(e)})") from None
+            raise DataError(f"{path}: unreadable parquet file ({one_line(e)})") from None
         for i, rec in enumerate(rows):
             yield f"{path}:row {i}", rec
     else:
@@ -88,7 +83,7 @@ def _records_from_hub(spec: str):
     except (OSError, ValueError, datasets.exceptions.DatasetsError, pa.ArrowException) as e:
         raise DataError(
             f"data spec '{spec}' is not a local .jsonl/.json/.parquet file and `datasets` cannot load it "
-            f"({type(e).__name__}: {_one_line(e)})"
+            f"({one_line(e)})"
         ) from None
     for i, rec in enumerate(ds):
         yield f"{spec}:row {i}", rec

@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rl_training.base import dist
+from rl_training.base.errors import one_line
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds, split_completion
 from rl_training.rollout.server_client import ServerClient, ServerError, base_model_name
 
@@ -189,7 +190,7 @@ class ServerBackend:
             except (ServerError, OSError) as e:
                 error = f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e)
             except Exception as e:  # noqa: BLE001 -- any failure (an NCCL one) must reach every rank before a collective
-                error, original = f"weight publish failed on rank 0: {type(e).__name__}: {' '.join(str(e).split())}", e
+                error, original = f"weight publish failed on rank 0: {one_line(e)}", e
         error = dist.broadcast_object(error)
         if original is not None:
             raise original  # rank 0 keeps its traceback; the other ranks stop with the one line below

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rl_training.base.errors import one_line
 from rl_training.config.schema import Config, ConfigError, split_task_spec
 from rl_training.tasks.base import Environment, Task, TaskContext
 
@@ -98,7 +99,7 @@ def make_task(name: str, args: dict[str, Any] | None = None, cfg: Config | None 
         try:
             task = BUILTIN[name](cfg, args)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"{head}: task.args={args!r} do not fit it ({_one_line(e)})") from None
+            raise ConfigError(f"{head}: task.args={args!r} do not fit it ({one_line(e)})") from None
         return _checked(task, head)
     if not attr:
         raise ConfigError(f"{head}: name the object after the ':' ('{where}:NAME')")
@@ -119,11 +120,6 @@ def task_context(info=None, tokenizer=None, cfg: Config | None = None) -> TaskCo
 
 
 # ------------------------------------------------------------------------------------------------ user tasks
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 def _import_file(path: str, head: str):
     """The user's file as a module of its own, imported once per process (a second build reuses it)."""
     p = Path(path).expanduser()
@@ -142,7 +138,7 @@ def _import_file(path: str, head: str):
         spec.loader.exec_module(module)
     except BaseException as e:  # noqa: BLE001 -- whatever the user's file raises (SystemExit too) is one line
         del sys.modules[name]
-        raise ConfigError(f"{head}: importing {p}{_where_in(e, real)} raised {_one_line(e)}") from None
+        raise ConfigError(f"{head}: importing {p}{_where_in(e, real)} raised {one_line(e)}") from None
     return module
 
 
@@ -150,7 +146,7 @@ def _import_module(dotted: str, head: str):
     try:
         return importlib.import_module(dotted)
     except BaseException as e:  # noqa: BLE001 -- ModuleNotFoundError or anything the module raises at import
-        raise ConfigError(f"{head}: importing module {dotted!r} raised {_one_line(e)}") from None
+        raise ConfigError(f"{head}: importing module {dotted!r} raised {one_line(e)}") from None
 
 
 def _where_in(e: BaseException, path: Path) -> str:
@@ -185,7 +181,7 @@ def _instantiate(obj: Any, args: dict, head: str) -> Task:
     try:
         task = obj(**args)
     except Exception as e:  # noqa: BLE001 -- the user's constructor: a wrong argument or anything it raises
-        raise ConfigError(f"{head}: {what}(**task.args) with task.args={args!r} raised {_one_line(e)}") from None
+        raise ConfigError(f"{head}: {what}(**task.args) with task.args={args!r} raised {one_line(e)}") from None
     if not isinstance(task, Task):
         raise ConfigError(f"{head}: {what}(...) returned a {type(task).__name__}, not a rl_training.tasks.Task")
     return task
