@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 import types
@@ -55,6 +56,8 @@ def _check_value(value: Any, tp: Any, key: str, meta: dict) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} must be a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):  # nan passes every >=/<= bound below, and inf turns into nan later
+            raise ConfigError(f"{key}={value} must be a finite number")
     elif tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
@@ -247,6 +250,24 @@ def legacy_format(tree: dict, where: str) -> None:
     task["name"] = fmt
 
 
+def check_run_name(name: str, where: str = "") -> None:
+    """run.name is one directory under run.output_dir (and one prefix in the sync bucket): a single path
+    component, so `../../x` or `/x` cannot write outside the output directory."""
+    bad = (
+        "is empty"
+        if not name.strip()
+        else "is '.' or '..'"
+        if name in (".", "..")
+        else "has a path separator"
+        if "/" in name or "\\" in name
+        else "has a NUL or control character"
+        if any(ord(c) < 32 for c in name)
+        else ""
+    )
+    if bad:
+        raise ConfigError(f"{where}run.name={name!r} {bad}; it must be a single path component (a directory name)")
+
+
 def load_config(
     path: str | os.PathLike | None,
     overrides: list[str] | None = None,
@@ -266,7 +287,7 @@ def load_config(
         where = f"{path}: "
         try:
             text = Path(path).read_text(encoding="utf-8")
-            tree = load_yaml(text) or {}
+            tree = load_yaml(text)
             lines = _key_lines(text)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
@@ -280,6 +301,8 @@ def load_config(
             if isinstance(e, DuplicateKeyError):
                 raise ConfigError(f"{path}{line}: {e.problem}; PyYAML would silently keep the last one") from None
             raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+        if tree is None:  # an empty file (or one of comments) would silently train on every default
+            raise ConfigError(f"{path}: the file is empty (no sections); it would silently train on every default")
         if not isinstance(tree, dict):
             raise ConfigError(
                 f"{path}: the top level must be a mapping of sections (run:, model:, ...), "
@@ -296,6 +319,7 @@ def load_config(
     for ov in overrides or []:  # an overridden value did not come from its line in the file
         lines.pop(ov.split("=", 1)[0], None)
     cfg = _build(Config, tree, "", where, lines)
+    check_run_name(cfg.run.name, where)
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
     if training:

@@ -231,7 +231,7 @@ def test_unreadable_file_is_one_line_naming_it(tmp_path):
 
 def test_required_keys_must_be_in_the_file(tmp_path):
     p = tmp_path / "c.yaml"
-    for text in ["", "model:\n  dtype: float32\n", "model:\n"]:  # empty, without the key, an empty section
+    for text in ["model:\n  dtype: float32\n", "model:\n"]:  # without the key, an empty section (empty: above)
         p.write_text(text)
         with pytest.raises(ConfigError) as e:
             load_config(p, required=["model.name_or_path"])
@@ -320,3 +320,83 @@ def test_lora_weight_sync_never_sleeps_at_level_2(tmp_path):
     bad = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, sleep_level=2))
     with pytest.raises(ConfigError, match=msg):
         VLLMBackend(bad, None, None, DistInfo(0, 0, 1, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
+def test_empty_yaml_is_an_error(tmp_path, text, capsys):
+    # PyYAML reads all three as None; `None or {}` used to train on every default without a word.
+    p = tmp_path / "empty.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}: the file is empty (no sections); it would silently train on every default"
+    from rl_training.runners import rl_runner
+
+    assert rl_runner.main(["--cfg", str(p)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {e.value}"]
+
+
+def _float_keys() -> list[str]:
+    import typing
+
+    from rl_training.config.schema import Config, _field_types
+
+    out = []
+    for key in all_keys():
+        *sections, name = key.split(".")
+        node = Config()
+        for section in sections:
+            node = getattr(node, section)
+        tp = _field_types(type(node))[name]
+        if tp is float or float in typing.get_args(tp):
+            out.append(key)
+    return out
+
+
+def test_every_float_field_rejects_nan_and_infinity():
+    # nan compares False with every bound (nan < 0 and nan > 0 are both False), so `ge`/`gt` checks let it
+    # through; before the check optim.lr=nan reached torch. Every float key, three spellings YAML reads as
+    # non-finite floats.
+    keys = _float_keys()
+    assert len(keys) >= 30 and "optim.lr" in keys and "loss.kl_coef" in keys  # the walk found the float fields
+    for key in keys:
+        for raw, shown in ((".nan", "nan"), (".inf", "inf"), ("-.inf", "-inf"), ("nan", "nan")):
+            with pytest.raises(ConfigError) as e:
+                load_config(None, [f"{key}={raw}"])
+            assert str(e.value) == f"{key}={shown} must be a finite number", (key, raw)
+
+
+def test_nan_in_a_file_names_its_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  name_or_path: x\noptim:\n  lr: .nan\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == f"{p}:4: optim.lr=nan must be a finite number"
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("../../x", "has a path separator"),
+        ("/abs", "has a path separator"),
+        ("a/b", "has a path separator"),
+        ("a\\b", "has a path separator"),
+        ("..", "is '.' or '..'"),
+        (".", "is '.' or '..'"),
+        ("", "is empty"),  # string overrides are verbatim: `run.name=` is the empty name
+        (" ", "is empty"),
+    ],
+)
+def test_run_name_is_a_single_path_component(tmp_path, name, why, capsys):
+    from rl_training.runners import rl_runner
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"run.name={name}"])
+    assert str(e.value) == f"run.name={name!r} {why}; it must be a single path component (a directory name)"
+    out = tmp_path / "out" / "deep"
+    out.mkdir(parents=True)
+    argv = ["--cfg", str(CFG_DIR / "testconfig.yaml"), f"run.output_dir={out}", f"run.name={name}"]
+    assert rl_runner.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {CFG_DIR / 'testconfig.yaml'}: {e.value}"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "out"]  # nothing written, inside or out
+    load_config(None, ["run.name=my-run_2.v1"])  # dots, dashes inside a name are fine
