@@ -7,7 +7,7 @@ from rl_training.rollout.base import RolloutBackend
 
 def build_backend(cfg, model, tokenizer, dist_info, start_step: int = 0, episode_tokens: int = 0) -> RolloutBackend:
     """Chosen once at setup from rollout.backend (already resolved from 'auto'). `start_step`: the optimizer
-    steps the model has taken (a resumed run's), the server backend's first policy version; `episode_tokens`:
+    steps the model has taken (a resumed run's), where the backends' policy/weight versions continue; `episode_tokens`:
     what a multi-turn episode reaches after its prompt (rollout/episodes.py, episode_budget), which the
     colocated engine's context must hold."""
     if cfg.rollout.backend == "server":
@@ -17,7 +17,7 @@ def build_backend(cfg, model, tokenizer, dist_info, start_step: int = 0, episode
     if cfg.rollout.backend == "vllm":
         from rl_training.rollout.vllm_engine import VLLMBackend
 
-        return VLLMBackend(cfg, model, tokenizer, dist_info, episode_tokens)
+        return VLLMBackend(cfg, model, tokenizer, dist_info, episode_tokens, start_version=start_step)
     from rl_training.rollout.hf import HFBackend
 
     return HFBackend(model, tokenizer, cfg.rollout.gen_batch_size)

@@ -89,7 +89,10 @@ def _adapter_root():
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, cfg, model, tokenizer, dist_info, episode_tokens: int = 0):
+    def __init__(self, cfg, model, tokenizer, dist_info, episode_tokens: int = 0, start_version: int = 0):
+        """`start_version`: the optimizer steps the weights at build have taken (a resumed run's step):
+        `weight_version` counts syncs from there, so it continues across a resume (the build's sync makes it
+        start_version + 1, and each step's sync adds 1, as in the uninterrupted run)."""
         # Environment that must be in place before vLLM is imported (not at our import time).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -142,7 +145,7 @@ class VLLMBackend:
         self.build_s = time.perf_counter() - t0
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(model, tokenizer)
-        self.weight_version = 0
+        self.weight_version = start_version
         self.lora_request = None  # weight_sync=lora: the adapter of the current weight version
         self.lora_root = _adapter_root() if self.lora_mode else None
         self.sleep_level = v.sleep_level
