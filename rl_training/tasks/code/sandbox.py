@@ -4,11 +4,14 @@ Isolation (strict mode, the default): bwrap started as an unprivileged host uid 
 root: as root without a user namespace the sandbox would keep full capabilities and RLIMIT_NPROC would not
 hold), with new user (uid 65534 inside, no nested user namespaces), pid, net, ipc and uts namespaces, a
 read-only view of /usr only (plus the interpreter's prefix), a fresh /proc and /dev, a private size-limited
-/tmp, an empty environment, a new session (no TIOCSTI into the trainer's terminal) and --die-with-parent.
-Each candidate gets rlimits (CPU, address space, processes, file size, open files, no core). Where user
-namespaces are unavailable the pool refuses to start (`SandboxUnavailable` says why and what to do), unless
-mode='weak' is asked for: no namespaces, only the unprivileged uid and the rlimits; it warns on every batch
-and the programs it ran are counted (`Pool.weak_runs`).
+/tmp and /dev/shm (one budget between them), an empty environment, a new session (no TIOCSTI into the trainer's
+terminal), --die-with-parent and a system-call filter (seccomp_filter.py). Each candidate gets rlimits (CPU,
+address space, processes, file size, open files, no core). A worker is also put in a memory cgroup of its own
+where the machine delegates one (`delegated_cgroup`); elsewhere the filter denies memfd_create, so that no
+memory escapes RLIMIT_AS but the bounded tmpfs. Where user namespaces or libseccomp are unavailable the pool
+refuses to start (`SandboxUnavailable` says why and what to do), unless mode='weak' is asked for: no
+namespaces and no filter, only the unprivileged uid and the rlimits; it warns on every batch and the programs it
+ran are counted (`Pool.weak_runs`). `Pool.protections` reports what is in force.
 
 The pool only runs programs and moves plain messages; harness.py holds the tests and decides verdicts.
 """
@@ -16,6 +19,8 @@ The pool only runs programs and moves plain messages; harness.py holds the tests
 from __future__ import annotations
 
 import dataclasses
+import errno
+import itertools
 import json
 import math
 import os
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from rl_training.tasks.code import worker
+from rl_training.tasks.code import seccomp_filter, worker
 
 NOBODY = 65534
 # A job mostly waits on round trips between two processes, so more workers than cores keeps the cores busy;
@@ -78,8 +83,59 @@ class PoolSettings:
     ranks_per_node: int = 1  # the ranks that share this node's cores (torchrun's LOCAL_WORLD_SIZE)
     mode: Literal["strict", "weak"] = "strict"
     limits: Limits = Limits()
-    tmpfs_bytes: int = 64 << 20  # the private /tmp of each worker
+    tmpfs_bytes: int = 64 << 20  # the private /tmp and /dev/shm of each worker together (a quarter is /dev/shm)
     python: str = ""  # interpreter run inside; "" = this one if the sandbox uid can read it, else /usr/bin/python3
+    seccomp: bool = True  # strict mode's system-call filter; off only for the tests' controls and the benchmark
+    seccomp_errno: int = errno.EPERM  # what the filter answers a refused call (tests mark the filter's refusals)
+
+
+@dataclass(frozen=True)
+class Protections:
+    """What this pool's sandboxes enforce (docs/code.md says what each stops); logged once when a task starts it."""
+
+    mode: str
+    namespaces: bool  # user, pid, net, ipc, uts namespaces and the read-only filesystem view (strict mode)
+    uid: int  # the uid programs run as
+    seccomp: bool  # the system-call filter (seccomp_filter.py)
+    seccomp_allowed: int  # system calls the filter lets through (by name, or by argument)
+    seccomp_refusal: str  # what every other one returns (an errno name: EPERM)
+    seccomp_denied: tuple[str, ...]  # the denials tests/unit/tasks/ try, those that exist on this architecture
+    memory: str  # "cgroup" | "memfd-denied+shm-in-tmpfs" | "rlimits-only"
+    memory_note: str  # the cgroup's bound, or why there is none
+    tmp_bytes: int  # /tmp's tmpfs
+    shm_bytes: int  # /dev/shm's tmpfs
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def summary(self) -> str:
+        named = ", ".join(self.seccomp_denied[:6])
+        filt = (
+            f"on ({self.seccomp_allowed} system calls allowed, the rest {self.seccomp_refusal}, among them "
+            f"{named} ... {len(self.seccomp_denied)} named in docs/code.md)"
+            if self.seccomp
+            else "off"
+        )
+        return (
+            f"mode {self.mode}, namespaces {'on' if self.namespaces else 'off'}, uid {self.uid}, seccomp {filt}, "
+            f"memory {self.memory} ({self.memory_note}), tmpfs {self.tmp_bytes >> 20} MiB /tmp + "
+            f"{self.shm_bytes >> 20} MiB /dev/shm"
+        )
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What each worker starts with beyond its bwrap arguments: the compiled filter (None: none) and the cgroup
+    directory its own memory cgroup of `cgroup_bytes` is created under (None: not delegated)."""
+
+    bpf: bytes | None = None
+    cgroup: Path | None = None
+    cgroup_bytes: int = 0
+
+
+def tmpfs_split(total: int) -> tuple[int, int]:
+    """(/tmp, /dev/shm) sizes: one budget for both, so a program holds at most `total` bytes in tmpfs memory."""
+    return total - total // 4, total // 4
 
 
 def _interpreter_candidates(setting: str) -> list[str]:
@@ -89,7 +145,7 @@ def _interpreter_candidates(setting: str) -> list[str]:
     return [here] + ([p] if (p := shutil.which("python3", path="/usr/bin")) and os.path.realpath(p) != here else [])
 
 
-def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int) -> list[str]:
+def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int, seccomp_fd: int | None = None) -> list[str]:
     """The bwrap command line of one strict worker (see the module docstring for what each part stops)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -109,34 +165,44 @@ def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int) -> list[str]:
             argv += ["--ro-bind", str(p), str(p)]
     if not prefix.startswith("/usr/") and prefix != "/usr":
         argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    tmp, shm = tmpfs_split(tmpfs_bytes)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp), "--tmpfs", "/tmp", "--chdir", "/tmp"]
     # bwrap's /dev is a tmpfs without a size limit: read-only, with a size-limited /dev/shm of its own
-    argv += ["--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--size", str(shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--remount-ro", "/"]
     argv += ["--clearenv", "--new-session", "--die-with-parent"]
+    if seccomp_fd is not None:  # bwrap reads the program from the fd and loads it just before the exec
+        argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--", python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(ctl_fd), "strict"]
 
 
 class Worker:
     """One sandbox: a bwrap process whose template forks candidates; driven over a SOCK_SEQPACKET socket."""
 
-    def __init__(self, settings: PoolSettings, python: str):
+    def __init__(self, settings: PoolSettings, python: str, confinement: Confinement = Confinement()):
         self.settings, self.python = settings, python
+        self.cgroup: Path | None = None
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         strict = settings.mode == "strict"
         fd = theirs.fileno()
+        bpf = seccomp_filter.bpf_fd(confinement.bpf) if strict and confinement.bpf is not None else None
         argv = (
-            bwrap_argv(python, settings.tmpfs_bytes, fd)
+            bwrap_argv(python, settings.tmpfs_bytes, fd, bpf)
             if strict
             else [python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(fd), "weak"]
         )
         drop = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
         self._err = tempfile.TemporaryFile()
         try:
-            self.proc = self._start(argv, fd, drop)
+            self.proc = self._start(argv, [fd] if bpf is None else [fd, bpf], drop, confinement)
         except OSError as e:
             ctl.close()
             theirs.close()
+            if self.cgroup is not None:
+                remove_worker_cgroup(self.cgroup)
             raise SandboxUnavailable(f"cannot start the sandbox ({argv[0]}): {e}") from None
+        finally:
+            if bpf is not None:
+                os.close(bpf)
         theirs.close()
         self.ctl = ctl
         try:
@@ -147,18 +213,43 @@ class Worker:
             self.close()
             raise SandboxUnavailable(_explain(err, strict)) from None
 
-    def _start(self, argv: list[str], fd: int, drop: dict) -> subprocess.Popen:
-        return subprocess.Popen(
-            argv,
-            pass_fds=[fd],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._err,
-            env={},
-            cwd="/",
-            start_new_session=True,
-            **drop,
-        )
+    def _start(self, argv: list[str], fds: list[int], drop: dict, confinement: Confinement) -> subprocess.Popen:
+        gate = None
+        if confinement.cgroup is not None:
+            # The child waits on its stdin until it is in its cgroup (moved from here: the sandbox uid may not),
+            # so bwrap and everything it forks start inside; if this side fails first, it reads EOF and exits.
+            self.cgroup = make_worker_cgroup(confinement.cgroup, confinement.cgroup_bytes)
+            gate = os.pipe()
+            argv = ["/bin/sh", "-c", 'read -r _ && exec "$@" </dev/null', "sh", *argv]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                pass_fds=fds,
+                stdin=subprocess.DEVNULL if gate is None else gate[0],
+                stdout=subprocess.DEVNULL,
+                stderr=self._err,
+                env={},
+                cwd="/",
+                start_new_session=True,
+                **drop,
+            )
+        except OSError:
+            if gate is not None:
+                os.close(gate[1])
+            raise
+        finally:
+            if gate is not None:
+                os.close(gate[0])
+        if gate is not None:
+            try:
+                (self.cgroup / "cgroup.procs").write_text(str(proc.pid))
+            except OSError as e:
+                os.close(gate[1])  # EOF: the child exits without starting bwrap
+                proc.wait()
+                raise OSError(e.errno, f"cannot enter the memory cgroup {self.cgroup}: {e.strerror}") from None
+            os.write(gate[1], b"\n")
+            os.close(gate[1])
+        return proc
 
     def send(self, msg: dict, fds: tuple[int, ...] = ()) -> None:
         try:
@@ -187,6 +278,101 @@ class Worker:
         self.proc.wait()
         self.ctl.close()
         self._err.close()
+        if self.cgroup is not None:
+            remove_worker_cgroup(self.cgroup)
+
+
+# ------------------------------------------------------------------------------------------- memory cgroups
+CGROUP_HEADROOM = 64 << 20  # a worker's template interpreter and bwrap, beside one program's memory and the tmpfs
+_worker_ids = itertools.count()
+
+
+def delegated_cgroup(
+    proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo"
+) -> tuple[Path | None, str]:
+    """The cgroup v2 directory of this process, where workers' memory cgroups can be made, or None and why not:
+    it must be writable by us, with the memory controller enabled for its children (a delegated subtree)."""
+    try:
+        own = [line[3:] for line in Path(proc_cgroup).read_text().splitlines() if line.startswith("0::")]
+        mounts = [line.partition(" - ") for line in Path(mountinfo).read_text().splitlines()]
+    except OSError as e:
+        return None, f"cannot read {e.filename}: {e.strerror}"
+    v2 = [pre.split()[3:5] for pre, _, post in mounts if post.split()[:1] == ["cgroup2"]]
+    if not own:
+        return None, f"no cgroup v2 entry in {proc_cgroup} (cgroup v1 only)"
+    if not v2:
+        return None, f"no cgroup2 file system in {mountinfo}"
+    (root, mount_point), rel = v2[0], own[0]
+    if root != "/" and (rel == root or rel.startswith(root + "/")):  # the mount shows a subtree of the hierarchy
+        rel = rel[len(root) :]
+    d = Path(mount_point) / rel.lstrip("/")
+    try:
+        controllers = (d / "cgroup.controllers").read_text().split()
+        enabled = (d / "cgroup.subtree_control").read_text().split()
+    except OSError as e:
+        return None, f"cannot read {e.filename}: {e.strerror}"
+    if "memory" not in controllers:
+        return None, f"cgroups are not delegated: no memory controller in {d} ({' '.join(controllers) or 'none'})"
+    if "memory" not in enabled:
+        return None, f"cgroups are not delegated: memory is not in {d}/cgroup.subtree_control"
+    if not os.access(d, os.W_OK):
+        return None, f"cgroups are not delegated: {d} is not writable by uid {os.geteuid()}"
+    return d, f"delegated: {d}"
+
+
+def make_worker_cgroup(parent: Path, limit: int) -> Path:
+    """A memory cgroup for one worker under `parent`: `limit` bytes of memory (shared memory and memfd included,
+    which RLIMIT_AS does not count), no swap."""
+    d = parent / f"rl-sandbox-{os.getpid()}-{next(_worker_ids)}"
+    d.mkdir()
+    (d / "memory.max").write_text(str(limit))
+    if (d / "memory.swap.max").exists():  # absent without swap accounting
+        (d / "memory.swap.max").write_text("0")
+    return d
+
+
+def remove_worker_cgroup(d: Path) -> None:
+    """Kill what is left in a worker's cgroup and remove it; the kernel lets it go once its last process is
+    reaped, which for the processes of a dying pid namespace takes a moment."""
+    if (d / "cgroup.kill").exists():
+        (d / "cgroup.kill").write_text("1")
+    for _ in range(100):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            time.sleep(0.01)
+
+
+def confine(settings: PoolSettings) -> tuple[Confinement, Protections]:
+    """What a pool's workers start with, and the report of it. Strict mode refuses to start without the filter
+    (SandboxUnavailable says what to install) unless settings.seccomp is off."""
+    strict = settings.mode == "strict"
+    cgroup, why = delegated_cgroup()
+    budget = settings.limits.mem_bytes + settings.tmpfs_bytes + CGROUP_HEADROOM
+    bpf, allowed, denied = None, 0, ()
+    if strict and settings.seccomp:
+        try:
+            bpf, allowed = seccomp_filter.compile_bpf(cgroup is not None, settings.seccomp_errno)
+        except seccomp_filter.FilterUnavailable as e:
+            raise SandboxUnavailable(str(e)) from None
+        skip = seccomp_filter.MEMFD if cgroup is not None else ()
+        denied = tuple(n for n in seccomp_filter.native_numbers(seccomp_filter.DENIED) if n not in skip)
+    if cgroup is not None:
+        memory, note = "cgroup", f"memory.max {budget >> 20} MiB per worker, no swap, under {cgroup}"
+    elif bpf is not None:
+        memory, note = "memfd-denied+shm-in-tmpfs", f"no memory cgroup: {why}"
+    else:
+        memory, note = "rlimits-only", f"no memory cgroup: {why}; memfd_create and SysV shm not denied"
+    tmp, shm = tmpfs_split(settings.tmpfs_bytes) if strict else (0, 0)
+    uid = NOBODY if strict or os.geteuid() == 0 else os.geteuid()
+    refusal = errno.errorcode.get(settings.seccomp_errno, str(settings.seccomp_errno)) if bpf is not None else ""
+    report = Protections(settings.mode, strict, uid, bpf is not None, allowed, refusal, denied, memory, note, tmp, shm)
+    return Confinement(bpf, cgroup, budget), report
 
 
 def _explain(err: str, strict: bool) -> str:
@@ -246,6 +432,7 @@ class Pool:
     def __init__(self, settings: PoolSettings = PoolSettings()):
         self.settings = settings
         n = settings.workers or WORKERS_PER_CORE * default_cores(settings.ranks_per_node)
+        self.confinement, self.protections = confine(settings)
         self.python = self._pick_python()
         self._idle: list[Worker] = []
         self._cv = threading.Condition()
@@ -266,14 +453,14 @@ class Pool:
         errors = []
         for py in _interpreter_candidates(self.settings.python):
             try:
-                Worker(self.settings, py).close()
+                Worker(self.settings, py, self.confinement).close()
                 return py
             except SandboxUnavailable as e:
                 errors.append(f"{py}: {e}")
         raise SandboxUnavailable("; ".join(errors))
 
     def _spawn(self) -> Worker:
-        return self._spawner.submit(Worker, self.settings, self.python).result()
+        return self._spawner.submit(Worker, self.settings, self.python, self.confinement).result()
 
     def acquire(self) -> Worker:
         with self._cv:
@@ -318,6 +505,12 @@ class Pool:
                 self.weak_runs += 1
             self.release(w, broken)
         return Ran(result, not broken, status if isinstance(status, int) else None)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         with self._cv:

@@ -213,7 +213,9 @@ class CodeTask(Task):
         ctx = ctx or TaskContext()
         s = getattr(ctx.cfg, "sandbox", None) or SandboxCfg()
         configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size)
-        get_pool()
+        protections = get_pool().protections.summary()
+        if ctx.rank == 0:  # once per run, in its log: what confines the programs of this node
+            print(f"code sandbox protections: {protections}", flush=True)
 
     def close(self) -> None:
         close_pool()

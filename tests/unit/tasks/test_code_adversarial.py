@@ -8,11 +8,18 @@ that equal anything, patched builtins, a walk up the stack, forged protocol fram
 
 from __future__ import annotations
 
+import errno
 import os
+import platform
+import signal
 import time
 from pathlib import Path
 
+import pytest
+
+from rl_training.tasks.code import harness, seccomp_filter
 from rl_training.tasks.code.harness import Program, judge, judge_batch
+from rl_training.tasks.code.sandbox import Limits, Pool, PoolSettings
 from tests.helpers import sandbox_processes
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
@@ -128,3 +135,235 @@ def test_tmp_is_emptied_between_programs(pool):
     write = _program("open('/tmp/state', 'w').write('5')\ndef add(a, b):\n    return 0\n")
     read = _program("import os\ndef add(a, b):\n    return a + b if os.path.exists('/tmp/state') else -1\n")
     assert [v.passed for v in judge_batch(pool, [write] * 4 + [read] * 4, 3.0)] == [False] * 8
+
+
+# ------------------------------------------------------------------------------- the system-call filter
+# Each denied family tried with x86_64 numbers, with arguments chosen so that the kernel's own answer (without the
+# filter) differs from a refusal wherever it can: a bad address (EFAULT) or fd (EBADF) is seen before most checks.
+SYSCALL_PROBE = r"""
+import ctypes, errno, os
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+BAD, NUL = ctypes.c_void_p(1), ctypes.c_void_p(0)
+
+
+def sc(nr, *args, close=False):
+    r = libc.syscall(ctypes.c_long(nr), *args)
+    if r < 0:
+        return errno.errorcode[ctypes.get_errno()]
+    if close:
+        os.close(r)
+    return "ok"
+
+
+def probe():
+    ipc = 0o1000 | 0o600  # IPC_CREAT | 0600, key IPC_PRIVATE
+    return {
+        "io_uring_setup": sc(425, 1, ctypes.create_string_buffer(120), close=True),
+        "io_uring_enter": sc(426, -1, 0, 0, 0, NUL, 0),
+        "io_uring_register": sc(427, -1, 0, NUL, 0),
+        "keyctl": sc(250, 0, -2, 1),  # KEYCTL_GET_KEYRING_ID of the process keyring, created
+        "add_key": sc(248, b"user", b"k", b"v", 1, -2),
+        "request_key": sc(249, b"user", b"missing", NUL, 0),
+        "bpf": sc(321, 0, NUL, 0),
+        "userfaultfd": sc(323, 1, close=True),  # UFFD_USER_MODE_ONLY: open to the unprivileged
+        "perf_event_open": sc(298, NUL, 0, -1, -1, 0),
+        "ptrace": sc(101, 7, 999999, 0, 0),  # PTRACE_CONT of no such process
+        "process_vm_readv": sc(310, os.getpid(), NUL, 0, NUL, 0, 0),
+        "process_vm_writev": sc(311, os.getpid(), NUL, 0, NUL, 0, 0),
+        "mount": sc(165, NUL, BAD, NUL, 0, NUL),
+        "umount2": sc(166, BAD, 0),
+        "pivot_root": sc(155, BAD, BAD),
+        "open_tree": sc(428, -100, BAD, 0),
+        "move_mount": sc(429, -1, b"", -1, b"", 0),
+        "fsopen": sc(430, BAD, 0),
+        "fsconfig": sc(431, -1, 0, NUL, NUL, 0),
+        "fsmount": sc(432, -1, 0, 0),
+        "fspick": sc(433, -100, BAD, 0),
+        "unshare": sc(272, 0x10000000),  # CLONE_NEWUSER
+        "setns": sc(308, -1, 0),
+        "clone_newuser": sc(56, 0x10000000 | 17, 0, 0, 0, 0),  # CLONE_NEWUSER | SIGCHLD
+        "clone3": sc(435, NUL, 0),
+        "init_module": sc(175, NUL, 0, b""),
+        "finit_module": sc(313, -1, b"", 0),
+        "delete_module": sc(176, BAD, 0),
+        "kexec_load": sc(246, 0, 0, NUL, 0),
+        "kexec_file_load": sc(320, -1, -1, 0, NUL, 0),
+        "reboot": sc(169, 0, 0, 0, NUL),  # wrong magic numbers
+        "swapon": sc(167, BAD, 0),
+        "swapoff": sc(168, BAD),
+        "acct": sc(163, BAD),
+        "quotactl": sc(179, 0, BAD, 0, NUL),
+        "lookup_dcookie": sc(212, 0, NUL, 0),
+        "personality": sc(135, 0x0400000),  # READ_IMPLIES_EXEC: not one of Docker's values
+        "syslog": sc(103, 10, NUL, 0),  # SYSLOG_ACTION_SIZE_BUFFER
+        "settimeofday": sc(164, BAD, NUL),
+        "clock_settime": sc(227, 0, BAD),
+        "adjtimex": sc(159, BAD),
+        "iopl": sc(172, 0),
+        "ioperm": sc(173, 0, 0, 0),
+        "name_to_handle_at": sc(303, -100, b"/tmp", BAD, BAD, 0),
+        "open_by_handle_at": sc(304, -100, BAD, 0),
+        "memfd_create": sc(319, b"x", 0, close=True),
+        "shmget": sc(29, 0, 4096, ipc),
+        "msgget": sc(68, 0, ipc),
+        "semget": sc(64, 0, 1, ipc),
+        "mq_open": sc(240, b"probe", 0o100 | 2, 0o600, NUL, close=True),
+        "socket_vsock": sc(41, 40, 1, 0, close=True),  # AF_VSOCK, SOCK_STREAM: created, never connected
+    }
+"""
+# What this kernel (6.18, no modules, no x86 port I/O, no lookup_dcookie) answers without the filter, in the
+# sandbox's namespaces as uid 65534 without capabilities: these got through.
+OPEN_WITHOUT_FILTER = {
+    "io_uring_setup",
+    "keyctl",
+    "add_key",
+    "userfaultfd",
+    "personality",
+    "memfd_create",
+    "shmget",
+    "msgget",
+    "semget",
+    "mq_open",
+    "socket_vsock",
+}
+# ... and these the kernel refuses by itself (no capability): here only the marked filter shows it refuses them too
+EPERM_WITHOUT_FILTER = {"pivot_root", "move_mount", "fsopen", "fsmount", "fspick", "reboot", "swapon", "swapoff"}
+EPERM_WITHOUT_FILTER |= {"acct", "syslog"}
+BY_NUMBER = r"""
+import ctypes, errno
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+def refused(numbers):
+    return {name: "ok" if libc.syscall(nr, 0, 0, 0, 0, 0, 0) >= 0 else errno.errorcode[ctypes.get_errno()]
+            for name, nr in numbers.items()}
+"""
+x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the probes use x86_64 system-call numbers")
+
+
+def _call(pool, code: str, fn: str, *args, limits=None):
+    """fn(*args) of a program run in the pool: (its value or None, the Ran)."""
+    got = {}
+
+    def drive(job):
+        s = harness._Session(job)
+        assert s.ask({"code": code, "name": "candidate", "setup": ""}) == {"ok": True}
+        try:
+            got["value"] = harness._Remote(s, fn)(*args)
+        except harness._Fatal:  # the candidate died (a kill by the filter) or timed out
+            pass
+
+    ran = pool.run(drive, 10.0, limits)
+    return got.get("value"), ran
+
+
+@x86_64
+def test_denied_system_calls_get_eperm_and_the_filter_is_why(pool):
+    got, _ = _call(pool, SYSCALL_PROBE, "probe")
+    assert got == {name: "ENOSYS" if name == "clone3" else "EPERM" for name in got}  # clone3: glibc falls back
+    assert len(got) == 51
+    # The control: the same program without the filter, where the kernel's own answers show what got through.
+    with Pool(PoolSettings(workers=1, seccomp=False)) as open_pool:
+        assert open_pool.protections.seccomp is False
+        raw, _ = _call(open_pool, SYSCALL_PROBE, "probe")
+    assert {n for n, r in raw.items() if r == "ok"} == OPEN_WITHOUT_FILTER
+    assert {n for n, r in raw.items() if r == "EPERM"} == EPERM_WITHOUT_FILTER
+    # A filter refusing with an errno no call returns by itself (ENOTRECOVERABLE): each refusal above is the filter's.
+    with Pool(PoolSettings(workers=1, seccomp_errno=errno.ENOTRECOVERABLE)) as marked:
+        assert marked.protections.seccomp_refusal == "ENOTRECOVERABLE"
+        mark, _ = _call(marked, SYSCALL_PROBE, "probe")
+        assert mark == {name: "ENOSYS" if name == "clone3" else "ENOTRECOVERABLE" for name in got}
+        # every denial the pool reports, by this architecture's number, with zero arguments (never run unfiltered)
+        numbers = seccomp_filter.native_numbers(list(marked.protections.seccomp_denied))
+        assert len(numbers) == len(seccomp_filter.DENIED) == 76
+        assert _call(marked, BY_NUMBER, "refused", numbers)[0] == dict.fromkeys(numbers, "ENOTRECOVERABLE")
+    assert _call(pool, BY_NUMBER, "refused", numbers)[0] == dict.fromkeys(numbers, "EPERM")
+
+
+# mov eax, NR; int 0x80 (the i386 ABI) or syscall with the x32 bit; ret. getpid on both ABIs.
+FOREIGN_ABI = r"""
+import ctypes, mmap
+
+def call(code):
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(code)
+    return ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))()
+
+def i386():
+    return call(b"\xb8\x14\x00\x00\x00\xcd\x80\xc3")
+
+def x32():
+    return call(b"\xb8\x27\x00\x00\x40\x0f\x05\xc3")
+"""
+
+
+@x86_64
+def test_foreign_system_call_abis_kill_the_program(pool):
+    """libseccomp with only the native architecture added: an i386 (int 0x80) or x32 call is the bad-architecture
+    action, a kill (SIGSYS). Without the filter this kernel answers the i386 getpid and has no x32 (ENOSYS)."""
+    from rl_training.tasks.code.sandbox import PoolSettings
+
+    for fn in ("i386", "x32"):
+        value, ran = _call(pool, FOREIGN_ABI, fn)
+        assert value is None and ran.clean and os.WIFSIGNALED(ran.status)
+        assert os.WTERMSIG(ran.status) == signal.SIGSYS
+    with Pool(PoolSettings(workers=1, seccomp=False)) as open_pool:
+        pid, _ = _call(open_pool, FOREIGN_ABI, "i386")
+        assert pid > 1  # the candidate's pid in the sandbox's namespace
+        assert _call(open_pool, FOREIGN_ABI, "x32")[0] == -errno.ENOSYS
+
+
+MEMFD_HOG = r"""
+import errno, os
+
+def hog(mib=1024):
+    # 16 MiB a memfd (RLIMIT_FSIZE bounds one file), held open; none of it is address space for RLIMIT_AS
+    fds, chunk = [], b"x" * (1 << 20)
+    try:
+        while len(fds) * 16 < mib:
+            fds.append(os.memfd_create("hog"))
+            for _ in range(16):
+                os.write(fds[-1], chunk)
+    except OSError as e:
+        return errno.errorcode[e.errno], len(fds)
+    return "held", sum(os.fstat(fd).st_size for fd in fds) >> 20
+"""
+
+
+def test_memfd_hog_is_refused(pool):
+    """1 GB through memfd_create: EPERM at the first one. The control: without the filter a program under a
+    128 MiB RLIMIT_AS holds 192 MiB in memfds, which is how two programs once took 1.7 GB of the host."""
+    value, ran = _call(pool, MEMFD_HOG, "hog")
+    assert (value, ran.clean) == (("EPERM", 0), True)
+    with Pool(PoolSettings(workers=1, seccomp=False)) as open_pool:
+        code = MEMFD_HOG + "\ndef hog192():\n    return hog(192)\n"
+        assert _call(open_pool, code, "hog192", limits=Limits(mem_bytes=128 << 20))[0] == ("held", 192)
+
+
+TMPFS_FILL = r"""
+import errno, os
+
+def fill(d):
+    # 4 MiB files (RLIMIT_FSIZE bounds one file at 16 MiB) until the tmpfs is full
+    total, chunk = 0, b"x" * (1 << 20)
+    for i in range(1000):
+        with open(f"{d}/fill{i}", "wb", buffering=0) as fh:
+            for _ in range(4):
+                try:
+                    total += fh.write(chunk)
+                except OSError as e:
+                    return total >> 20, errno.errorcode[e.errno]
+    return total >> 20, None
+"""
+
+
+def test_tmp_and_shm_share_one_budget(pool):
+    """/tmp and /dev/shm (POSIX shared memory) are tmpfs, held in memory outside RLIMIT_AS: together they hold
+    the worker's tmpfs budget (64 MiB: 48 + 16), not 64 MiB each."""
+    tmp, shm = pool.protections.tmp_bytes >> 20, pool.protections.shm_bytes >> 20
+    assert (tmp, shm, tmp + shm) == (48, 16, pool.settings.tmpfs_bytes >> 20)
+    code = TMPFS_FILL + "\ndef shm():\n    return fill('/dev/shm')\ndef tmp():\n    return fill('/tmp')\n"
+    assert _call(pool, code, "shm")[0] == (16, "ENOSPC")
+    assert _call(pool, code, "tmp")[0] == (48, "ENOSPC")

@@ -10,12 +10,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from rl_training.tasks.code import COUNT_NAMES, check, worker
 from rl_training.tasks.code.extract import function_continuation, last_fenced_block, program_for
-from rl_training.tasks.code.harness import Program, judge_batch, same_output
+from rl_training.tasks.code.harness import Program, judge, judge_batch, same_output
 from tests.helpers import sandbox_processes
 
 ADD = Program("def add(a, b):\n    return a + b\n", "call", tests=("assert add(1, 2) == 3", "assert add(-1, 1) == 0"))
@@ -107,13 +108,15 @@ def test_stdio_and_mbpp_formats(pool):
     assert v[0].passed
 
 
-def test_code_task_through_score_completions(tmp_path):
+def test_code_task_through_score_completions(tmp_path, capsys):
     from rl_training.data.sources import load_examples
     from rl_training.tasks.base import score_completions
     from rl_training.tasks.build import make_task
 
     task = make_task("mbpp")
-    task.start(None)  # bubblewrap present (the pool fixture of the other tests installs it)
+    task.start(None)  # bubblewrap present (the pool fixture of the other tests installs it); rank 0 prints
+    (started,) = [x for x in capsys.readouterr().out.splitlines() if "protections" in x]
+    assert started.startswith("code sandbox protections: mode strict, namespaces on, uid 65534, seccomp on (")
     f = tmp_path / "mbpp.jsonl"
     f.write_text(json.dumps({"text": "double", "test_list": ["assert d(2) == 4", "assert d(0) == 0"]}) + "\n")
     exs = load_examples(str(f), task.parse)
@@ -244,9 +247,151 @@ def test_code_task_sizes_its_pool_for_the_ranks_of_its_node(monkeypatch):
     from rl_training.tasks.build import make_task
     from rl_training.tasks.code import task as code_task
 
-    monkeypatch.setattr(code_task, "get_pool", lambda: None)  # settings only: no sandbox started here
+    stand_in = SimpleNamespace(protections=SimpleNamespace(summary=lambda: "stand-in"))
+    monkeypatch.setattr(code_task, "get_pool", lambda: stand_in)  # settings only: no sandbox started here
     monkeypatch.setattr(code_task, "_settings", code_task.PoolSettings())
     cfg = load_config(None, ["task.name=mbpp", "sandbox.memory_mb=256"])
     make_task("mbpp").start(TaskContext(local_world_size=4, cfg=cfg))
     s = code_task._settings
     assert (s.ranks_per_node, s.workers, s.limits.mem_bytes) == (4, 0, 256 << 20)
+
+
+# ------------------------------------------------------------------ the filter, the memory bound, the report
+# Issue 30's list: what the filter must refuse at least (Docker's default profile refuses them, or more).
+MUST_DENY = """
+io_uring_setup io_uring_enter io_uring_register keyctl add_key request_key bpf userfaultfd perf_event_open ptrace
+process_vm_readv process_vm_writev mount umount2 pivot_root move_mount open_tree fsopen fsmount fsconfig fspick
+unshare setns init_module finit_module delete_module kexec_load kexec_file_load reboot swapon swapoff acct quotactl
+lookup_dcookie syslog settimeofday clock_settime adjtimex iopl ioperm name_to_handle_at open_by_handle_at
+memfd_create shmget shmat
+""".split()
+
+
+def test_filter_lists_name_real_system_calls_and_deny_the_issues_list():
+    import pyseccomp
+
+    from rl_training.tasks.code import seccomp_filter as sf
+
+    arches = (pyseccomp.Arch.X86_64, pyseccomp.Arch.AARCH64)
+    unknown = [n for n in sf.ALLOWED + sf.DENIED if all(pyseccomp.resolve_syscall(a, n) == -1 for a in arches)]
+    assert unknown == []  # -1: no such name on any architecture libseccomp knows (a typo)
+    assert len(set(sf.ALLOWED)) == len(sf.ALLOWED) and not set(sf.ALLOWED) & set(sf.DENIED)
+    assert set(MUST_DENY) <= set(sf.DENIED)
+    assert not {"clone", "clone3", "personality", "socket", *sf.MEMFD} & set(sf.ALLOWED)  # by argument or setting
+
+
+def test_ordinary_programs_run_under_the_filter(pool):
+    """What a test program may use: threads, a process pool (fork, POSIX semaphores in /dev/shm), a queue,
+    temporary files, anonymous mmap, a subprocess."""
+    code = (
+        "import concurrent.futures, mmap, multiprocessing, os, subprocess, sys, tempfile, threading\n"
+        "def f():\n"
+        "    out = []\n"
+        "    t = threading.Thread(target=lambda: out.append(1))\n"
+        "    t.start()\n"
+        "    t.join()\n"
+        "    with concurrent.futures.ThreadPoolExecutor(2) as ex:\n"
+        "        out += list(ex.map(abs, [-2, -3]))\n"
+        "    with multiprocessing.Pool(2) as p:\n"
+        "        out += p.map(abs, [-4, -5])\n"
+        "    q = multiprocessing.Queue()\n"
+        "    q.put(6)\n"
+        "    out.append(q.get())\n"
+        "    with tempfile.NamedTemporaryFile() as fh:\n"
+        "        fh.write(b'x' * 7)\n"
+        "        fh.flush()\n"
+        "        out.append(os.path.getsize(fh.name))\n"
+        "    m = mmap.mmap(-1, 1 << 20)\n"
+        "    m[0] = 8\n"
+        "    out.append(m[0])\n"
+        "    run = subprocess.run([sys.executable, '-c', 'print(9)'], capture_output=True, text=True)\n"
+        "    return out + [int(run.stdout)]\n"
+    )
+    v = judge(pool, Program(code, "call", tests=("assert f() == [1, 2, 3, 4, 5, 6, 7, 8, 9]",)), 20.0)
+    assert (v.passed, v.failure) == (True, None)
+
+
+def test_protections_are_reported(pool):
+    from rl_training.tasks.code import seccomp_filter as sf
+    from rl_training.tasks.code.sandbox import PoolSettings, confine, delegated_cgroup
+
+    cgroup, why = delegated_cgroup()
+    assert cgroup is None  # this machine (docs: cgroups are not delegated); the stand-in test covers the rest
+    assert pool.protections.as_dict() == {
+        "mode": "strict",
+        "namespaces": True,
+        "uid": 65534,
+        "seccomp": True,
+        "seccomp_allowed": len(sf.native_numbers(sf.ALLOWED)) + 4,  # + clone, personality, socket by argument
+        "seccomp_refusal": "EPERM",
+        "seccomp_denied": tuple(sf.native_numbers(sf.DENIED)),
+        "memory": "memfd-denied+shm-in-tmpfs",
+        "memory_note": f"no memory cgroup: {why}",
+        "tmp_bytes": 48 << 20,
+        "shm_bytes": 16 << 20,
+    }
+    line = pool.protections.summary()
+    assert line.startswith("mode strict, namespaces on, uid 65534, seccomp on (") and "the rest EPERM" in line
+    assert "memory memfd-denied+shm-in-tmpfs (no memory cgroup: " in line and line.endswith("+ 16 MiB /dev/shm")
+    weak = confine(PoolSettings(mode="weak"))[1]
+    assert (weak.namespaces, weak.seccomp, weak.memory, weak.tmp_bytes) == (False, False, "rlimits-only", 0)
+    off = confine(PoolSettings(seccomp=False))[1]
+    assert (off.namespaces, off.seccomp, off.seccomp_denied, off.memory) == (True, False, (), "rlimits-only")
+
+
+def test_memory_cgroup_detection_says_why_not_here():
+    from rl_training.tasks.code.sandbox import delegated_cgroup
+
+    # cgroup v1 holds the memory controller here; the v2 hierarchy (hybrid) has none
+    why = "cgroups are not delegated: no memory controller in /sys/fs/cgroup/unified (hugetlb)"
+    assert delegated_cgroup() == (None, why)
+
+
+def test_memory_cgroup_path_logic_on_a_stand_in(tmp_path, pool):
+    """A temporary directory stands in for a delegated cgroup v2 subtree: the detection reads it as the kernel
+    lays it out, and a worker started under it is moved into its own cgroup before bwrap runs."""
+    from rl_training.tasks.code.sandbox import Confinement, PoolSettings, Worker, delegated_cgroup
+
+    mount, proc, info = tmp_path / "cgroup2", tmp_path / "proc-self-cgroup", tmp_path / "mountinfo"
+    d = mount / "job" / "step"
+    d.mkdir(parents=True)
+    proc.write_text("0::/job/step\n")
+    info.write_text(f"30 23 0:27 / {mount} rw,nosuid - cgroup2 cgroup2 rw\n")
+    (d / "cgroup.controllers").write_text("cpu memory pids\n")
+    (d / "cgroup.subtree_control").write_text("cpu\n")
+    detect = lambda: delegated_cgroup(str(proc), str(info))  # noqa: E731
+    assert detect() == (None, f"cgroups are not delegated: memory is not in {d}/cgroup.subtree_control")
+    (d / "cgroup.subtree_control").write_text("cpu memory\n")
+    assert detect() == (d, f"delegated: {d}")
+    info.write_text(f"30 23 0:27 /job {mount / 'job'} rw - cgroup2 cgroup2 rw\n")  # a subtree mounted
+    assert detect() == (d, f"delegated: {d}")
+    (d / "cgroup.controllers").write_text("cpu pids\n")
+    assert detect() == (None, f"cgroups are not delegated: no memory controller in {d} (cpu pids)")
+    info.write_text("25 1 0:22 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    assert detect() == (None, f"no cgroup2 file system in {info}")
+    proc.write_text("4:memory:/job\n")
+    assert detect() == (None, f"no cgroup v2 entry in {proc} (cgroup v1 only)")
+
+    w = Worker(PoolSettings(workers=1), pool.python, Confinement(pool.confinement.bpf, d, 300 << 20))
+    try:
+        assert w.cgroup.parent == d and w.cgroup.name.startswith(f"rl-sandbox-{os.getpid()}-")
+        assert (w.cgroup / "memory.max").read_text() == str(300 << 20)
+        assert (w.cgroup / "cgroup.procs").read_text() == str(w.proc.pid)  # written while the child waited
+        assert Path(f"/proc/{w.proc.pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/bwrap")  # then exec
+        assert w.request({"op": "ping"}, 5.0) == {"op": "pong"}
+    finally:
+        for f in w.cgroup.iterdir():  # a real cgroup's interface files go with it; the stand-in's do not
+            f.unlink()
+        w.close()
+    assert not w.cgroup.exists()
+
+
+def test_strict_mode_refuses_without_libseccomp(monkeypatch):
+    import sys
+
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings, SandboxUnavailable, confine
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as where the binding is not installed: ImportError
+    with pytest.raises(SandboxUnavailable, match=r"libseccomp .*pip install -r requirements.txt.*sandbox.mode=weak"):
+        Pool(PoolSettings(workers=1))
+    assert confine(PoolSettings(mode="weak"))[1].seccomp is False  # the weak mode starts without it
