@@ -3,3 +3,5 @@
 
 USER_ERROR_EXIT_CODE = 2  # bad input or environment (rl_training.base.errors.UserError), one line on stderr
 STOPPED_EXIT_CODE = 75  # stopped on run.stop_signal after a checkpoint; resume with ckpt.resume=latest (EX_TEMPFAIL)
+# the weight-state guard stopped the run after a checkpoint (train/weight_guard.py); EX_SOFTWARE: a sync failed
+WEIGHT_STATE_EXIT_CODE = 70

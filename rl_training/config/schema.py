@@ -197,6 +197,19 @@ class RolloutCfg:
         ge=0,
         le=64,
     )
+    canary_max_logp_diff: float = _f(
+        0.0,
+        "Weight-state guard: a step whose rollout/logp_diff_mean (trainer vs sampler log-prob) is above this counts "
+        "against the sampled weights; 0 = by model.dtype: 1e-3 float32, 5e-2 bfloat16/float16 (docs/rollout.md).",
+        ge=0,
+    )
+    canary_stop_steps: int = _f(
+        3,
+        "Checkpoint and stop the run (exit status 70) after this many steps in a row over "
+        "rollout.canary_max_logp_diff (judged with max_async_level=0 and top_p=1), or at once when a batch "
+        "comes from a policy version outside [t-K, t]; 0 = only log guard/*.",
+        ge=0,
+    )
 
 
 @dataclass

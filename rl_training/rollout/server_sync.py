@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from rl_training.base import faults
 from rl_training.ckpt.marker import fsync_tree
 from rl_training.rollout.server_client import ServerClient, ServerError
 
@@ -63,6 +64,10 @@ class LoraPublisher:
         self.loaded: list[tuple[int, Path]] = []  # (version, directory) loaded on every server, oldest first
 
     def publish(self, model, version: int) -> None:
+        if faults.injected("server.stale_publish") and self.loaded:  # the new name serves the previous weights
+            previous = self.loaded[-1][1]
+            self._publish(version, lambda tmp: shutil.copytree(previous, tmp, dirs_exist_ok=True))
+            return
         self._publish(version, model.save_pretrained)
 
     def republish(self, adapter_dir: Path, version: int) -> None:

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rl_training.base import faults
 from rl_training.config.load import check_vllm_sleep
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
@@ -237,7 +238,8 @@ class VLLMBackend:
             worker.reload_weights(weights_iterator=weights)
 
         with torch.no_grad():
-            self.llm.collective_rpc(push, args=(merged_hf_weights(model),))
+            if not faults.injected("vllm.skip_sync"):  # the fault: a sync that silently pushes nothing
+                self.llm.collective_rpc(push, args=(merged_hf_weights(model),))
         self.wake(tags=["kv_cache"])
         self.llm.reset_prefix_cache()
         self.weight_version += 1
@@ -250,6 +252,9 @@ class VLLMBackend:
 
         self.wake()
         version = self.weight_version + 1
+        if self.lora_request is not None and faults.injected("vllm.stale_adapter"):  # the engine keeps the old one
+            self.weight_version = version
+            return
         path = self.lora_root / f"v{version}"
         model.save_pretrained(str(path))  # adapter_config.json + adapter_model.safetensors only
         old = self.lora_request

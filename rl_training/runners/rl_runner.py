@@ -67,6 +67,7 @@ from rl_training.train.update import (
     step_norm,
     train_on_rollouts,
 )
+from rl_training.train.weight_guard import WeightGuard
 
 
 @dataclass(kw_only=True)
@@ -92,6 +93,7 @@ class Run:
     evaluator: InLoopEval | None  # None when eval.every = 0
     syncer: CheckpointSyncer | NullSyncer
     skips: SkipGuard  # non-finite steps skipped so far (rl_training/train/step_guard.py)
+    weights: WeightGuard  # were the rollouts sampled from the trained weights? (rl_training/train/weight_guard.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> (indices, Rollouts)
@@ -203,6 +205,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         evaluator=evaluator,
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
+        weights=WeightGuard(cfg, resumed_state.get("weight_guard")),
         samples=StepSamples(
             cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, derived.run_dir, info.is_main, start_step
         ),
@@ -294,6 +297,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             probe_metrics = run.probes.metrics()
     metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
     metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device, run.task))
+    metrics.update(run.weights.observe(step, metrics, rollouts.policy_version, run.info.device))
     run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
     return {
         **metrics,
@@ -332,6 +336,7 @@ def checkpoint(run: Run, step: int) -> None:
             "data_offset": offset,
             "probes": run.probes.state_dict(),
             "skips": run.skips.state_dict(),
+            "weight_guard": run.weights.state_dict(),
         },
         run.cfg.ckpt.keep_last,
         # async: the adapters the queued batches sampled, which a resume must serve again
@@ -374,6 +379,11 @@ def train(run: Run, stop: StopOnSignal) -> int:
         run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
+        if run.weights.tripped():  # checkpoint first: the trained weights are not what is wrong
+            if saved != step + 1:
+                checkpoint(run, step + 1)
+                saved = step + 1
+            raise run.weights.error(step + 1, f"checkpoint at step {saved} saved")
         report_alerts(run, metrics, step + 1)
         kl = {"kl": metrics["train/kl"]} if "train/kl" in metrics else {}  # measured every loss.kl_log_every steps
         bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], **kl)

@@ -33,12 +33,13 @@ def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=
 
 
 def exit_status_of(run: Callable[[], int | None]) -> int:
-    """`run()`'s exit status (None: 0); a UserError becomes one line on stderr and USER_ERROR_EXIT_CODE. The
-    process group is destroyed afterwards either way (runners, evals.run, synthesize)."""
+    """`run()`'s exit status (None: 0); a UserError becomes one line on stderr and its `exit_status`
+    (USER_ERROR_EXIT_CODE unless the class names its own, as the weight-state guard's does). The process group
+    is destroyed afterwards either way (runners, evals.run, synthesize)."""
     try:
         return run() or 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return USER_ERROR_EXIT_CODE
+        return getattr(e, "exit_status", USER_ERROR_EXIT_CODE)
     finally:
         dist.cleanup()

@@ -146,3 +146,6 @@ def test_node_exit_status_from_worker_exit_codes():
     assert exit_status([-15, 75]) == 75  # a sibling SIGTERMed by torchrun right after the first 75
     assert exit_status([-15]) == 1  # SIGTERM alone: killed from outside (scancel, the hard time limit)
     assert exit_status([1, 75]) == 1 and exit_status([-9, 75]) == 1 and exit_status([2]) == 1
+    # the weight-state guard's 70 is kept the same way; mixed with a 75 it is no clean stop of either kind
+    assert exit_status([70]) == 70 and exit_status([-15, 70]) == 70
+    assert exit_status([70, 75]) == 1 and exit_status([1, 70]) == 1
