@@ -39,9 +39,18 @@ def load_results(out_dir: Path, settings: dict | None = None) -> tuple[list[dict
     return sorted(results, key=lambda r: r["step"]), other
 
 
+def best_step(results: Sequence[dict], metric: str = "accuracy") -> int | None:
+    """The step with the highest `metric` (a tie: the earliest); None when no step has a finite value."""
+    scored = [(r["metrics"].get(metric), r["step"]) for r in results]
+    scored = [(v, s) for v, s in scored if v is not None and v == v]
+    return max(scored, key=lambda vs: (vs[0], -vs[1]))[1] if scored else None
+
+
 def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Path) -> None:
-    """One row per step: the metrics, throughput and timing, backend and dtype."""
-    header = ["step", *columns, "num_problems", *PERF_COLUMNS, "backend", "dtype", "checkpoint"]
+    """One row per step: the metrics, throughput and timing, backend and dtype; `best` is 1 on the step with
+    the highest accuracy (best_step)."""
+    best = best_step(results)
+    header = ["step", *columns, "num_problems", *PERF_COLUMNS, "backend", "dtype", "checkpoint", "best"]
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(header)
@@ -56,6 +65,7 @@ def write_summary_csv(results: Sequence[dict], columns: Sequence[str], path: Pat
                     r["backend"],
                     r["dtype"],
                     r.get("checkpoint") or "base",
+                    1 if r["step"] == best else "",
                 ]
             )
 

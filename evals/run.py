@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from evals.report import load_results, write_plots, write_summary_csv, write_tensorboard
+from evals.report import best_step, load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training.base import dist
 from rl_training.ckpt.marker import COMPLETE, STEP_RE, step_name
 from rl_training.ckpt.store import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
@@ -282,7 +282,7 @@ def evaluate_run(a: argparse.Namespace) -> int:
     if other:
         print(f"summary ignores steps {other}: evaluated with other settings")
     if results:
-        report(results, es, settings, out_dir, f"{run_dir.name}: {name}")
+        report(results, es, settings, out_dir, f"{run_dir.name}: {name}", run_dir / "checkpoints" / "best")
         if cfg.run.tensorboard:
             write_tensorboard(results, run_dir / "tb", name)
     return EXIT_SKIPPED if n_skipped else 0
@@ -421,16 +421,24 @@ def _one_line(m: dict, t: dict) -> str:
     return "  ".join(f"{k} {m[k]:.3f}" for k in keys) + f"  ({t['problems_per_s']:.1f} problems/s)"
 
 
-def report(results, es, settings, out_dir, title) -> None:
+def report(results, es, settings, out_dir, title, run_best: Path | None = None) -> None:
     columns = metric_names(es.ks, es.num_samples > 0)
     write_summary_csv(results, columns, out_dir / "summary.csv")
     subtitle = f"{title} | {settings['num_problems']} problems, n={es.num_samples}, T={es.temperature}"
     plots = write_plots(results, es.ks, out_dir / "plots", f"{subtitle}, {settings['backend']}")
     shown = ["accuracy"] + ([f"pass@{k}" for k in es.ks] + [f"maj@{k}" for k in es.ks] if es.num_samples else [])
-    print("\n" + f"{'step':>8}" + "".join(f"{k:>11}" for k in [*shown, "problems/s"]))
+    best = best_step(results)
+    print("\n" + f"{'step':>9}" + "".join(f"{k:>11}" for k in [*shown, "problems/s"]))
     for r in results:
         vals = [r["metrics"][k] for k in shown] + [r["timing"]["problems_per_s"]]
-        print(f"{r['step']:>8}" + "".join(f"{v:>11.3f}" for v in vals))
+        mark = "*" if r["step"] == best else " "
+        print(f"{r['step']:>8}{mark}" + "".join(f"{v:>11.3f}" for v in vals))
+    if best is not None:
+        top = next(r for r in results if r["step"] == best)["metrics"]["accuracy"]
+        line = f"* best: step {best} (accuracy {top:.3f})"
+        if run_best is not None and run_best.is_symlink():  # the training run's own pick (ckpt.keep_best)
+            line += f"; the run's checkpoints/best is {run_best.resolve().name}"
+        print(line)
     print(f"\nresults: {out_dir}/ (summary.csv, step_*.json, step_*.problems.jsonl); plots: {plots[-1]}")
 
 

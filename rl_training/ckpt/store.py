@@ -25,6 +25,7 @@ import yaml
 
 from rl_training.base import dist
 from rl_training.base.errors import UserError
+from rl_training.ckpt.best import point
 from rl_training.ckpt.marker import (
     COMPLETE,
     STEP_RE,
@@ -119,6 +120,10 @@ def set_aside_later(run_dir: Path, step: int) -> tuple[Path, list[str]] | None:
     dest = abandoned_dir(root)
     for p in later:
         os.replace(p, dest / p.name)
+    kept = list_checkpoints(run_dir)
+    point(root, "latest", kept[-1][1].name if kept else None)
+    if (root / "best").is_symlink() and not (root / "best").exists():  # the best was later: the next save names it
+        point(root, "best", None)
     if (Path(run_dir) / "metrics.jsonl").exists():
         shutil.copy2(Path(run_dir) / "metrics.jsonl", dest / "metrics.jsonl")
     return dest, [p.name for p in later]
@@ -134,10 +139,13 @@ def save_checkpoint(
     trainer_state: dict,
     keep_last: int,
     extra_dirs: dict[str, Path] | None = None,
+    best: int | None = None,
 ) -> Path | None:
     """Collective: every rank calls it (RNG states are gathered); rank 0 writes. Returns the path on rank 0.
     A write that fails (disk full, permission denied) raises CheckpointWriteError on every rank together.
-    `extra_dirs` (rank 0): directories copied in under the given relative names (past policy adapters)."""
+    `extra_dirs` (rank 0): directories copied in under the given relative names (past policy adapters).
+    `best`: the step of the best checkpoint (ckpt.keep_best), which pruning keeps; `checkpoints/latest` and
+    `checkpoints/best` then name the newest and the best (ckpt/best.py)."""
     states = dist.all_gather_objects(rng_state())
     final = ckpt_dir(run_dir, step)
     error = None
@@ -158,8 +166,12 @@ def save_checkpoint(
 
         error = write_atomically(final, write)
         if error is None:
-            for _, old in list_checkpoints(run_dir)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            for old_step, old in list_checkpoints(run_dir)[:-keep_last]:
+                if old_step != best:
+                    shutil.rmtree(old, ignore_errors=True)
+            point(final.parent, "latest", final.name)
+            kept = best is not None and ckpt_dir(run_dir, best).is_dir()
+            point(final.parent, "best", step_name(best) if kept else None)
     error = dist.broadcast_object(error)  # also the barrier: no rank runs ahead of an unfinished save
     if error:
         raise CheckpointWriteError(error)

@@ -250,6 +250,27 @@ def legacy_format(tree: dict, where: str) -> None:
     task["name"] = fmt
 
 
+MAIN_EVAL_METRIC = "eval/accuracy"  # ckpt.keep_best=auto: the in-loop eval's main metric
+
+
+def parse_keep_best(value: str, eval_every: int) -> tuple[str, str]:
+    """(metric, 'max' | 'min') from ckpt.keep_best; ('', '') when off. One-line ConfigError when malformed."""
+    if value == "none" or (value == "auto" and not eval_every):
+        return "", ""
+    if value == "auto":
+        return MAIN_EVAL_METRIC, "max"
+    metric, _, mode = value.partition(":")
+    mode = mode or "max"
+    if not metric or "/" not in metric or mode not in ("max", "min"):
+        raise ConfigError(
+            f"ckpt.keep_best={value!r}: expected auto, none or <metric>[:max|:min] with a logged metric such as "
+            "eval/accuracy or rollout/reward_mean:max"
+        )
+    if metric.startswith("eval/") and not eval_every:
+        raise ConfigError(f"ckpt.keep_best={value!r} needs the in-loop eval: set eval.every > 0 (and data.eval)")
+    return metric, mode
+
+
 def check_run_name(name: str, where: str = "") -> None:
     """run.name is one directory under run.output_dir (and one prefix in the sync bucket): a single path
     component, so `../../x` or `/x` cannot write outside the output directory."""
@@ -320,6 +341,10 @@ def load_config(
         lines.pop(ov.split("=", 1)[0], None)
     cfg = _build(Config, tree, "", where, lines)
     check_run_name(cfg.run.name, where)
+    try:
+        parse_keep_best(cfg.ckpt.keep_best, cfg.eval.every)
+    except ConfigError as e:
+        raise ConfigError(f"{where}{e}") from None
     if cfg.ckpt.resume not in ("none", "latest") and not Path(cfg.ckpt.resume).exists():
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
     if training:

@@ -369,6 +369,12 @@ class CkptCfg:
     every: int = _f(50, "Save a checkpoint every N steps (and at the end); 0 = only at the end.", ge=0)
     keep_last: int = _f(3, "Checkpoints to keep (older ones are deleted after a successful save).", ge=1)
     resume: str = _f("none", "'none', 'latest' (newest complete checkpoint of this run) or a path.")
+    keep_best: str = _f(
+        "auto",
+        "Save a checkpoint whenever this metric improves and never prune it (checkpoints/best names it): "
+        "'<metric>[:max|:min]' (e.g. eval/pass@4, rollout/reward_mean:max), 'none', or 'auto' = eval/accuracy:max "
+        "when eval.every > 0, else none.",
+    )
 
 
 @dataclass

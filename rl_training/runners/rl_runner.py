@@ -26,6 +26,7 @@ import torch
 from rl_training.base import dist, faults
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
 from rl_training.base.timer import PhaseTimer
+from rl_training.ckpt.best import BestCheckpoint
 from rl_training.ckpt.resume import resolve_resume
 from rl_training.ckpt.store import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from rl_training.ckpt.upload import CheckpointSyncer, NullSyncer, make_syncer
@@ -94,6 +95,7 @@ class Run:
     syncer: CheckpointSyncer | NullSyncer
     skips: SkipGuard  # non-finite steps skipped so far (rl_training/train/step_guard.py)
     weights: WeightGuard  # were the rollouts sampled from the trained weights? (rl_training/train/weight_guard.py)
+    best: BestCheckpoint  # ckpt.keep_best: the step whose checkpoint pruning keeps (rl_training/ckpt/best.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> (indices, Rollouts)
@@ -206,6 +208,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
         weights=WeightGuard(cfg, resumed_state.get("weight_guard")),
+        best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
         samples=StepSamples(
             cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, derived.run_dir, info.is_main, start_step
         ),
@@ -337,10 +340,12 @@ def checkpoint(run: Run, step: int) -> None:
             "probes": run.probes.state_dict(),
             "skips": run.skips.state_dict(),
             "weight_guard": run.weights.state_dict(),
+            "best": run.best.state_dict(),
         },
         run.cfg.ckpt.keep_last,
         # async: the adapters the queued batches sampled, which a resume must serve again
         {f"policy_versions/v{v}": p for v, p in run.backend.version_dirs(past).items()} if past else None,
+        best=run.best.protected,
     )
     if path is not None:  # rank 0
         run.syncer.submit(path)
@@ -387,7 +392,8 @@ def train(run: Run, stop: StopOnSignal) -> int:
         report_alerts(run, metrics, step + 1)
         kl = {"kl": metrics["train/kl"]} if "train/kl" in metrics else {}  # measured every loss.kl_log_every steps
         bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], **kl)
-        if (every and (step + 1) % every == 0) or step + 1 == total:
+        improved = run.best.observe(step + 1, metrics)  # agreed: eval and step metrics are the same on every rank
+        if (every and (step + 1) % every == 0) or step + 1 == total or improved:
             checkpoint(run, step + 1)
             saved = step + 1
     bar.close()
