@@ -32,16 +32,17 @@ demo-search: setup
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
 
-# Every tier (what CI runs: .ci/run). The tiers are folders: tests/unit/<package>/, tests/integration/,
-# tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/demos/ (the learning demos, minutes each).
+# Every tier but the demos (CI runs this, then test-demos: .ci/run). The tiers are folders: tests/unit/<package>/,
+# tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/demos/ (the learning
+# demos, minutes each: `make test-demos`).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q tests/unit tests/integration tests/cluster
 
 # unit + integration without the tests marked slow: the everyday loop (under 10 minutes on 2 cores)
 test-fast: setup
 	$(PY) -m pytest -q tests/unit tests/integration -m "not slow"
 
-# SLURM wrapper on a real local cluster (root; ../shared/tools/slurm_local.sh), rclone upload, shell scripts.
+# SLURM wrapper on a real local cluster (root; scripts/slurm/local_cluster.sh), rclone upload, shell scripts.
 test-cluster: setup
 	$(PY) -m pytest -q tests/cluster
 

@@ -81,6 +81,16 @@ for pkg in rclone shellcheck; do
     echo "setup: the $pkg tests skip without it: sudo apt-get install -y $pkg" >&2
   fi
 done
+# slurm-wlm + munge: the local Slurm cluster of the cluster tests (scripts/slurm/local_cluster.sh), on a CPU
+# machine without Slurm only: a GPU node's own Slurm (or its absence) is left alone.
+if [ "$platform" = cpu ] && ! command -v sbatch >/dev/null 2>&1; then
+  if [ "$EUID" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null \
+      || echo "setup: could not install slurm-wlm munge (the Slurm tests will skip)" >&2
+  else
+    echo "setup: the Slurm tests need root (they start a local cluster: scripts/slurm/local_cluster.sh)" >&2
+  fi
+fi
 
 
 want="$platform $(cat requirements.txt "requirements-$platform.txt" requirements-extras.txt pyproject.toml | sha256sum | cut -d' ' -f1)"

@@ -373,8 +373,7 @@ def fake_nvidia_smi(bin_dir: Path, lines: list[str], status: int = 0) -> None:
 # ------------------------------------------------------------------------ the local Slurm cluster (tests/cluster)
 SBATCH = REPO / "scripts" / "slurm" / "rl_train.sbatch"
 CHAIN = REPO / "scripts" / "slurm" / "submit_chain.sh"
-# Beside the repository; a git worktree elsewhere names it with RL_SLURM_LOCAL.
-SLURM_LOCAL = Path(os.environ.get("RL_SLURM_LOCAL") or REPO.parent / "shared" / "tools" / "slurm_local.sh")
+SLURM_LOCAL = REPO / "scripts" / "slurm" / "local_cluster.sh"  # the throw-away cluster the cluster tier uses
 
 
 def job_env(**extra) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The cluster tier's fixture: the local Slurm cluster (../shared/tools/slurm_local.sh, two slurmd on this host;
-../shared/docs/SLURM_LOCAL.md), started once per session and stopped at the end if this session started it."""
+"""The cluster tier's fixture: the local Slurm cluster (scripts/slurm/local_cluster.sh, two slurmd on this host),
+started once per session and stopped at the end if this session started it."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from tests.helpers import SLURM_LOCAL, skip_unless_required
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    if not SLURM_LOCAL.exists():
-        skip_unless_required(f"needs {SLURM_LOCAL} (the shared tools beside the repository)")
     if os.geteuid() != 0:
-        skip_unless_required("the local Slurm cluster (slurmctld, 2 x slurmd, munge) needs root")
+        skip_unless_required(
+            "the local Slurm cluster (slurmctld, 2 x slurmd, munge: scripts/slurm/local_cluster.sh) needs root"
+        )
     r = subprocess.run(
         ["bash", str(SLURM_LOCAL), "start"],
         env={**os.environ, "SLURM_LOCAL_NODES": "2"},

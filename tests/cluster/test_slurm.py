@@ -2,7 +2,7 @@
 stop signal (time-limit warning) with a chained resume (the launcher's unit tests: test_slurm_launcher.py; the
 stop logic without Slurm: test_stop_signal.py).
 
-The cluster is ../shared/tools/slurm_local.sh (two slurmd on this host; ../shared/docs/SLURM_LOCAL.md),
+The cluster is scripts/slurm/local_cluster.sh (two slurmd on this host, started by tests/cluster/conftest.py),
 started once per session and stopped at the end if this session started it.
 """
 
@@ -38,7 +38,7 @@ from tests.helpers import (
 
 # ------------------------------------------------------------------------------------ real Slurm
 def test_cluster_prerequisites_fail_instead_of_skipping_when_required(monkeypatch):
-    """CI sets RL_REQUIRE_CLUSTER_TESTS=1: a missing root, slurm_local.sh, rclone or shellcheck fails the run."""
+    """CI sets RL_REQUIRE_CLUSTER_TESTS=1: a missing root, slurm-wlm, rclone or shellcheck fails the run."""
     monkeypatch.delenv("RL_REQUIRE_CLUSTER_TESTS", raising=False)
     with pytest.raises(pytest.skip.Exception, match="needs root"):
         skip_unless_required("needs root")

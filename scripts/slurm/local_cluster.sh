@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# local_cluster.sh — a real, throw-away Slurm cluster on ONE Debian 12 host, for the tests of our sbatch
+# scripts (tests/cluster/; no systemd, no cgroups, loopback only). Not for production: docs/clusters.md.
+#
+#   sudo bash local_cluster.sh start    # install (apt) + configure + start, waits until nodes are idle
+#   sudo bash local_cluster.sh test     # smoke test: a 1-node and an N-node job (srun, SLURM_* vars, hostnames)
+#   sudo bash local_cluster.sh status
+#   id=$(sbatch --parsable job.sh); sudo bash local_cluster.sh wait "$id" 300   # fast 'sbatch --wait'
+#   sudo bash local_cluster.sh stop     # cancel jobs, stop ONLY the daemons this script started (by PID)
+#   sudo bash local_cluster.sh stop --purge   # ... and delete $SLURM_LOCAL_DIR and slurm.conf
+#
+# Environment knobs:
+#   SLURM_LOCAL_NODES=2        1 => one node named "localhost";  N>=2 => nodes n1..nN, one slurmd each
+#                              (Debian's build has MULTIPLE_SLURMD=Yes, so several slurmd share the host)
+#   SLURM_LOCAL_DIR=/tmp/slurm-local   state, spool, pid and log files
+#   SLURM_LOCAL_CTLD_PORT=6817         slurmctld port
+#   SLURM_LOCAL_SLURMD_PORT=17000      slurmd i listens on SLURMD_PORT+i (i=1..N)
+#   SLURM_LOCAL_HOSTS=1        for N>=2: add "127.0.0.1 n1 .. nN" to /etc/hosts so that the node names
+#                              from `scontrol show hostnames` resolve (needed by MASTER_ADDR-style wrappers);
+#                              the line is tagged and removed again by `stop`.
+# Tested: Debian 12, slurm-wlm 22.05.8-4+deb12u3, munge 0.5.15, 2 CPUs, as root.
+set -euo pipefail
+
+NODES=${SLURM_LOCAL_NODES:-2}
+DIR=${SLURM_LOCAL_DIR:-/tmp/slurm-local}
+CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-6817}
+SLURMD_PORT=${SLURM_LOCAL_SLURMD_PORT:-17000}
+ADD_HOSTS=${SLURM_LOCAL_HOSTS:-1}
+CONF=/etc/slurm/slurm.conf
+HOSTS_TAG="# slurm-local-test"
+
+log() { printf '[slurm-local %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+# alive PID: exists and is not a zombie (in this sandbox PID 1 reaps orphans only every ~2 s)
+alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
+pid_of() { if [[ -s "$1" ]]; then cat "$1"; fi; }
+
+node_names() {
+  if [[ "$NODES" -le 1 ]]; then echo localhost; else for i in $(seq 1 "$NODES"); do echo "n$i"; done; fi
+}
+
+dump_logs() {
+  for f in "$DIR"/log/*.log; do [[ -f "$f" ]] && { echo "==== $f"; tail -n 30 "$f"; }; done >&2 || true
+}
+
+install_pkgs() {
+  if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+     && command -v munged >/dev/null; then
+    log "slurm + munge already installed"; return
+  fi
+  log "apt-get install slurm-wlm munge"
+  export DEBIAN_FRONTEND=noninteractive
+  # --no-install-recommends: 9 packages / 3.5 MB instead of ~43 (PMIx, UCX, ...); nothing here needs them.
+  if ! apt-get install -y -q --no-install-recommends slurm-wlm munge >"$DIR/apt.log" 2>&1; then
+    log "install failed, running apt-get update and retrying"
+    apt-get update -q >>"$DIR/apt.log" 2>&1
+    apt-get install -y -q --no-install-recommends slurm-wlm munge >>"$DIR/apt.log" 2>&1 \
+      || { tail -n 20 "$DIR/apt.log" >&2; die "apt-get install failed"; }
+  fi
+}
+
+start_munge() {
+  # Reuse a munged that is already answering: ours from an earlier start (its pid file in $DIR/run is
+  # kept, so stop still ends it) or someone else's (no pid file here, so stop leaves it alone).
+  if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+    log "munged already running, reusing it"; return
+  fi
+  rm -f "$DIR/run/munged.pid"
+  if [[ ! -s /etc/munge/munge.key ]]; then   # Debian's postinst normally creates it
+    log "creating /etc/munge/munge.key"
+    mungekey --create --keyfile=/etc/munge/munge.key 2>/dev/null \
+      || dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+  fi
+  chown munge:munge /etc/munge /etc/munge/munge.key; chmod 0700 /etc/munge; chmod 0400 /etc/munge/munge.key
+  install -d -o munge -g munge -m 0755 /run/munge /var/lib/munge /var/log/munge
+  runuser -u munge -- /usr/sbin/munged          # forks; writes /run/munge/munged.pid
+  cp /run/munge/munged.pid "$DIR/run/munged.pid" # marks it as started by us (stop kills it)
+  for _ in $(seq 50); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return; sleep 0.1; done
+  die "munged did not come up"
+}
+
+write_conf() {
+  # Exact hardware line from slurmd itself (e.g. "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2
+  # ThreadsPerCore=1"); every fake node claims the whole host (CPUs are oversubscribed across fake nodes).
+  local hw mem_total mem
+  hw=$(slurmd -C | head -n1 | sed -e 's/^NodeName=[^ ]* //' -e 's/ RealMemory=.*//')
+  mem_total=$(slurmd -C | head -n1 | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+  mem=$(( mem_total * 8 / 10 / (NODES > 1 ? NODES : 1) ))
+  mkdir -p /etc/slurm
+  {
+    cat <<EOF
+# Generated by local_cluster.sh — single-host test cluster (NOT for production)
+ClusterName=localtest
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+# batch_sched_delay defaults to 3 s: batch jobs were only allocated on a ~3 s cadence; 0 = at submit time
+SchedulerParameters=batch_sched_delay=0
+ReturnToService=2
+KillWait=5
+# Keep finished jobs visible to scontrol for 5 min. NB: "sbatch --wait" polls at t=2,10,42,74,.. s
+# (sleep 2, x4 while sleep < MinJobAge/2, max 32). MinJobAge<=5 would make it poll every 2 s but lets
+# slurmctld purge the record ~4 s after the end, racing the poll ("Job N no longer found"); so keep 300
+# and use 'local_cluster.sh wait JOBID' (0.5 s polling) when latency matters. (22.05 rejects 0.)
+MinJobAge=300
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+EOF
+    if [[ "$NODES" -le 1 ]]; then
+      echo "NodeName=localhost NodeAddr=127.0.0.1 $hw RealMemory=$mem State=UNKNOWN"
+    else
+      for i in $(seq 1 "$NODES"); do
+        echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((SLURMD_PORT + i)) $hw RealMemory=$mem State=UNKNOWN"
+      done
+    fi
+    echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  } >"$CONF"
+  log "wrote $CONF ($NODES node(s): $(node_names | tr '\n' ' '))"
+}
+
+add_hosts() {
+  [[ "$NODES" -ge 2 && "$ADD_HOSTS" == 1 ]] || return 0
+  grep -q "$HOSTS_TAG" /etc/hosts && return 0
+  [[ -z "$(tail -c1 /etc/hosts)" ]] || echo >>/etc/hosts   # make sure we start on a new line
+  echo "127.0.0.1 $(node_names | tr '\n' ' ') $HOSTS_TAG" >>/etc/hosts
+  log "added node names to /etc/hosts (127.0.0.1)"
+}
+
+remove_hosts() {
+  grep -q "$HOSTS_TAG" /etc/hosts 2>/dev/null || return 0
+  # rewrite in place (works even when /etc/hosts is a bind mount, unlike sed -i)
+  local tmp; tmp=$(mktemp); grep -v "$HOSTS_TAG" /etc/hosts >"$tmp" || true; cat "$tmp" >/etc/hosts; rm -f "$tmp"
+  log "removed node names from /etc/hosts"
+}
+
+wait_idle() {
+  local want=$1 n
+  for _ in $(seq 120); do            # up to 60 s
+    n=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2=="idle"' | wc -l || true)
+    [[ "$n" -ge "$want" ]] && return 0
+    sleep 0.5
+  done
+  sinfo -N -l >&2 || true; dump_logs; die "nodes did not become idle within 60 s"
+}
+
+cmd_start() {
+  [[ $(id -u) -eq 0 ]] || die "run as root"
+  if alive "$(pid_of "$DIR/run/slurmctld.pid")"; then log "already running"; cmd_status; return; fi
+  local f
+  for f in "$DIR"/run/slurmd-*.pid; do [[ -f "$f" ]] && stop_pid "$(basename "$f" .pid)" "$f"; done  # leftovers of a crashed run
+  rm -rf "$DIR/state" "$DIR/spool"                  # fresh state every start => job ids start at 1
+  mkdir -p "$DIR"/{state,spool,run,log}
+  install_pkgs
+  start_munge
+  write_conf
+  add_hosts
+  (cd "$DIR" && slurmctld)                          # forks; pid in $DIR/run/slurmctld.pid
+  for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.1; done
+  scontrol ping | grep -q UP || { dump_logs; die "slurmctld not responding"; }
+  local n
+  for n in $(node_names); do
+    mkdir -p "$DIR/spool/$n"
+    (cd "$DIR" && slurmd -N "$n")                   # forks; pid in $DIR/run/slurmd-$n.pid
+  done
+  wait_idle "$NODES"
+  log "cluster up: $(sinfo -h -o '%P %a %D %t %N' | tr '\n' ' ')"
+}
+
+cmd_status() {
+  local f
+  for f in "$DIR"/run/*.pid; do
+    [[ -f "$f" ]] || continue
+    if alive "$(cat "$f")"; then echo "$(basename "$f" .pid) pid=$(cat "$f") running"; else echo "$(basename "$f" .pid) dead"; fi
+  done
+  sinfo -N -l 2>/dev/null || true
+  squeue 2>/dev/null || true
+}
+
+stop_pid() {  # stop_pid NAME PIDFILE  — TERM, wait up to 10 s, then KILL; only that PID
+  local name=$1 pid; pid=$(pid_of "$2")
+  alive "$pid" || { rm -f "$2"; return 0; }
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
+  if alive "$pid"; then log "$name ($pid) ignored SIGTERM, sending SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -f "$2"; log "stopped $name (pid $pid)"
+}
+
+cmd_stop() {
+  local f
+  if alive "$(pid_of "$DIR/run/slurmctld.pid")"; then
+    scancel --quiet --full --user=root 2>/dev/null || true   # all our jobs, incl. batch shells
+    for _ in $(seq 100); do [[ -z "$(squeue -h 2>/dev/null)" ]] && break; sleep 0.2; done
+  fi
+  for f in "$DIR"/run/slurmd-*.pid; do [[ -f "$f" ]] && stop_pid "$(basename "$f" .pid)" "$f"; done
+  [[ -f "$DIR/run/slurmctld.pid" ]] && stop_pid slurmctld "$DIR/run/slurmctld.pid"  # also ends its slurmscriptd child
+  [[ -f "$DIR/run/munged.pid" ]] && stop_pid munged "$DIR/run/munged.pid"           # only if we started it
+  remove_hosts
+  if [[ "${1:-}" == "--purge" ]]; then rm -rf "$DIR"; rm -f "$CONF"; log "purged $DIR and $CONF"; fi
+}
+
+cmd_test() {
+  local t out rc
+  t=$(mktemp -d /tmp/slurm-local-test.XXXX)
+  cat >"$t/one.sh" <<'EOF'
+#!/bin/bash
+#SBATCH --nodes=1 --ntasks=2 --time=00:02:00
+set -euo pipefail
+echo "JOB id=$SLURM_JOB_ID nodelist=$SLURM_JOB_NODELIST nnodes=$SLURM_NNODES procid=$SLURM_PROCID"
+echo "HOSTNAMES $(scontrol show hostnames "$SLURM_JOB_NODELIST" | tr '\n' ' ')"
+srun --ntasks=1 hostname
+srun --ntasks=2 bash -c 'echo "TASK procid=$SLURM_PROCID nodelist=$SLURM_NODELIST"'
+EOF
+  cat >"$t/multi.sh" <<'EOF'
+#!/bin/bash
+#SBATCH --ntasks-per-node=1 --time=00:02:00
+set -euo pipefail
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+echo "JOB nodelist=$SLURM_JOB_NODELIST nnodes=$SLURM_NNODES head=$HEAD head_addr=$(getent hosts "$HEAD" | awk '{print $1}')"
+srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 bash -c 'echo "TASK procid=$SLURM_PROCID nodeid=$SLURM_NODEID node=$SLURMD_NODENAME"'
+EOF
+  out="$t/one.out"
+  # 'sbatch --wait' works too, but polls at 2,10,42.. s; the first job after start waits ~3 s for the
+  # scheduler's first pass, so it would cost 10 s. cmd_wait polls every 0.5 s.
+  rc=0; cmd_wait "$(sbatch --parsable --output="$out" "$t/one.sh")" 120 || rc=$?
+  cat "$out"; [[ $rc -eq 0 ]] || die "1-node job failed rc=$rc"
+  [[ $(grep -c '^TASK' "$out") -eq 2 ]] || die "1-node job: expected 2 tasks"
+  if [[ "$NODES" -ge 2 ]]; then
+    out="$t/multi.out"
+    rc=0; cmd_wait "$(sbatch --parsable --nodes="$NODES" --output="$out" "$t/multi.sh")" 120 || rc=$?
+    cat "$out"; [[ $rc -eq 0 ]] || die "$NODES-node job failed rc=$rc"
+    [[ $(grep -c '^TASK' "$out") -eq "$NODES" ]] || die "multi-node job: expected $NODES tasks"
+  fi
+  rm -rf "$t"
+  log "smoke test passed"
+}
+
+cmd_wait() {  # wait JOBID [TIMEOUT_S=600]: poll every 0.5 s; exit with the job's exit code (sbatch --wait semantics)
+  local id=${1:?usage: wait JOBID [TIMEOUT_S]} limit=${2:-600} line state ec start=$SECONDS
+  while :; do
+    line=$(scontrol show job -o "$id" 2>/dev/null) || die "job $id not found"
+    state=$(sed -n 's/.* JobState=\([A-Z_]*\).*/\1/p' <<<"$line")
+    case "$state" in
+      PENDING|CONFIGURING|RUNNING|COMPLETING|SUSPENDED|REQUEUED|REQUEUE_HOLD|REQUEUE_FED|RESIZING|SIGNALING|STAGE_OUT|"") ;;
+      *) break ;;
+    esac
+    if (( SECONDS - start >= limit )); then scancel "$id"; log "job $id timed out after ${limit}s, cancelled"; return 124; fi
+    sleep 0.5
+  done
+  ec=$(sed -n 's/.* ExitCode=\([0-9]*\):\([0-9]*\).*/\1 \2/p' <<<"$line")
+  log "job $id $state ExitCode=${ec/ /:}"
+  read -r code sig <<<"$ec"
+  if [[ "$state" == COMPLETED ]]; then return 0; fi
+  if [[ "${sig:-0}" != 0 ]]; then return $((128 + sig)); fi
+  if [[ "${code:-1}" != 0 ]]; then return "$code"; fi
+  return 1   # CANCELLED / TIMEOUT / NODE_FAIL / ... with exit 0:0
+}
+
+mkdir -p "$DIR"/{run,log}
+case "${1:-}" in
+  start)  cmd_start ;;
+  stop)   shift; cmd_stop "${1:-}" ;;
+  status) cmd_status ;;
+  test)   cmd_test ;;
+  wait)   shift; cmd_wait "$@" ;;
+  *) echo "usage: $0 start|test|status|wait JOBID [TIMEOUT_S]|stop [--purge]" >&2; exit 2 ;;
+esac
