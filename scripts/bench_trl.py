@@ -15,7 +15,9 @@ The reward is the same function for every contender (rewards.reverse_reward: mat
 
 Each contender is its own long-lived process (so its peak RSS is its own and no engine shares a process), built
 once; the script tells them in turn to run `--block` steps, so the machine's noise hits all of them alike, and
-takes the median step time of the `--steps` timed steps after `--warmup`. The floor is the same generation
+takes the median step time of the `--steps` timed steps after `--warmup`. All of it is repeated `--runs` times
+(3 by default; fresh processes, the contenders' order rotated each run): the table gives the median over the
+runs and their spread (min-max), for the step times and for each ratio. The floor is the same generation
 (HF generate) plus one forward/backward/AdamW step in plain transformers + peft: how close each trainer is to
 the work itself. Writes the table and JSON (bench_results/bench_trl.json by default).
 """
@@ -377,27 +379,52 @@ def bench_point(point: str, names: list[str], a, work: Path) -> dict:
     return out
 
 
-def table(results: dict) -> str:
+def combine(runs: list[dict]) -> dict:
+    """Per point and contender: the medians over the runs, each run's value and the ratios per run (TRL's s/step
+    over the row's, the row's over the floor's: computed within a run, where the contenders ran side by side)."""
+    out: dict = {}
+    for point in runs[0]:
+        out[point] = {}
+        for n in runs[0][point]:
+            per = [run[point][n] for run in runs]
+            row = {k: statistics.median(r[k] for r in per) for k in ("s_per_step", "completions_per_s", "tokens_per_s")}
+            row["peak_rss_gb"] = max(r["peak_rss_gb"] for r in per)
+            row["s_per_step_runs"] = [r["s_per_step"] for r in per]
+            for ref, key in (("trl", "vs_trl_runs"), ("floor", "vs_floor_runs")):
+                if ref in runs[0][point]:
+                    pairs = [(run[point][ref]["s_per_step"], run[point][n]["s_per_step"]) for run in runs]
+                    row[key] = [a / b if ref == "trl" else b / a for a, b in pairs]
+            if "phases_s" in per[0]:
+                row["phases_s"] = {k: statistics.median(r["phases_s"][k] for r in per) for k in per[0]["phases_s"]}
+            out[point][n] = row
+    return out
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """'median [min-max]' over the runs."""
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"{mid:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]" if len(values) > 1 else f"{mid:{fmt}}"
+
+
+def table(results: dict, n_runs: int) -> str:
     lines = []
     for point, rows in results.items():
-        trl = rows.get("trl", {}).get("s_per_step")
-        fl = rows.get("floor", {}).get("s_per_step")
         lines.append(f"\n{point}: {PROMPTS} prompts x {GROUP}, max {POINTS[point]['max_new']} new tokens")
         lines.append(
-            f"{'contender':<17}{'s/step':>9}{'compl/s':>9}{'tok/s':>9}{'RSS GB':>8}{'vs TRL':>8}{'vs floor':>9}"
+            f"{'contender':<17}{'s/step':>22}{'compl/s':>9}{'tok/s':>9}{'RSS GB':>8}{'vs TRL':>20}{'vs floor':>20}"
             "  phases (s)"
         )
         for n, r in rows.items():
-            vs_trl = f"{trl / r['s_per_step']:.2f}x" if trl else "-"
-            vs_floor = f"{r['s_per_step'] / fl:.2f}" if fl else "-"
+            vs_trl = _spread(r["vs_trl_runs"], ".2f") if "vs_trl_runs" in r else "-"
+            vs_floor = _spread(r["vs_floor_runs"], ".2f") if "vs_floor_runs" in r else "-"
             ph = " ".join(f"{k} {v:.3f}" for k, v in r.get("phases_s", {}).items())
             lines.append(
-                f"{n:<17}{r['s_per_step']:>9.3f}{r['completions_per_s']:>9.0f}{r['tokens_per_s']:>9.0f}"
-                f"{r['peak_rss_gb']:>8.2f}{vs_trl:>8}{vs_floor:>9}  {ph}"
+                f"{n:<17}{_spread(r['s_per_step_runs'], '.3f'):>22}{r['completions_per_s']:>9.0f}"
+                f"{r['tokens_per_s']:>9.0f}{r['peak_rss_gb']:>8.2f}{vs_trl:>20}{vs_floor:>20}  {ph}"
             )
     lines.append(
-        "\n'vs TRL': TRL's s/step over the row's (throughput ratio, > 1 is faster); "
-        "'vs floor': s/step over the floor's."
+        f"\nMedian over {n_runs} runs [min-max]. 'vs TRL': TRL's s/step over the row's within each run (throughput "
+        "ratio, > 1 is faster); 'vs floor': the row's s/step over the floor's."
     )
     return "\n".join(lines)
 
@@ -407,6 +434,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--block", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="repeats of the whole measurement (the spread is over them)")
     ap.add_argument("--points", default="short,long")
     ap.add_argument("--contenders", default="trl,ours-vllm,ours-hf,ours-hf-noprobe,floor")
     ap.add_argument("--work", type=Path, default=REPO / "bench_results" / "trl_work")
@@ -423,12 +451,20 @@ def main(argv=None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     for point in a.points.split(","):  # build the models once, before any timing
         prepare(a.work, POINTS[point]["task"])
-    results = {p: bench_point(p, names, a, a.work) for p in a.points.split(",")}
-    print(table(results))
+    runs = []
+    for i in range(a.runs):  # fresh processes each run; the order rotates so that no contender always goes first
+        order = names[i % len(names) :] + names[: i % len(names)]
+        runs.append({p: bench_point(p, order, a, a.work) for p in a.points.split(",")})
+        print(
+            f"run {i + 1}/{a.runs}: "
+            + ", ".join(f"{p} {n} {r['s_per_step']:.3f}" for p in runs[-1] for n, r in runs[-1][p].items()),
+            flush=True,
+        )
+    results = combine([{p: {n: run[p][n] for n in names} for p in run} for run in runs])
+    print(table(results, a.runs))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(
-        json.dumps({"settings": vars(a) | {"work": str(a.work), "out": str(a.out)}, "results": results}, indent=1)
-    )
+    settings = vars(a) | {"work": str(a.work), "out": str(a.out)}
+    a.out.write_text(json.dumps({"settings": settings, "results": results, "runs": runs}, indent=1))
     print(f"\nwrote {a.out}")
     return 0
 

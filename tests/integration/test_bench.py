@@ -55,3 +55,22 @@ def test_bench_fits_step_time_over_batch_sizes(run_overrides, tmp_path):
     for b in (2, 4):
         assert fit["t_fixed_s"] + fit["t_per_group_s"] * b == pytest.approx(data["results"][f"hf@B{b}"]["step_s"])
     assert "hf: step_s = " in res.stdout  # the overrides to pass, or a noise warning if a term is <= 0
+
+
+def test_bench_trl_reports_the_median_and_spread_over_runs():
+    # Issue 30 item 7: README's speed numbers come from >= 3 runs with their spread. Three synthetic runs:
+    # TRL 1.0/1.2/0.9 s, ours 0.5/0.8/0.6 s -> ours median 0.6 [0.5-0.8]; vs TRL per run 2.0, 1.5, 1.5 -> 1.50
+    # [1.50-2.00] (the ratio within each run, not the ratio of the medians 1.0 / 0.6 = 1.67).
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_trl
+
+    def row(s):
+        return {"s_per_step": s, "completions_per_s": 128 / s, "tokens_per_s": 10 / s, "peak_rss_gb": s}
+
+    runs = [{"short": {"trl": row(t), "ours-hf": row(o)}} for t, o in ((1.0, 0.5), (1.2, 0.8), (0.9, 0.6))]
+    out = bench_trl.combine(runs)["short"]
+    assert out["ours-hf"]["s_per_step"] == 0.6 and out["ours-hf"]["s_per_step_runs"] == [0.5, 0.8, 0.6]
+    assert out["ours-hf"]["vs_trl_runs"] == pytest.approx([2.0, 1.5, 1.5])
+    assert out["ours-hf"]["peak_rss_gb"] == 0.8  # the largest of the runs
+    text = bench_trl.table({"short": out}, 3)
+    assert "0.600 [0.500-0.800]" in text and "1.50 [1.50-2.00]" in text and "Median over 3 runs" in text
