@@ -113,7 +113,8 @@ class TaskCfg:
 
     name: str = _f(
         "reverse",
-        "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio) or your own: "
+        "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio, python_gsm8k, "
+        "python_math: docs/tools.md) or your own: "
         "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
         "(data.format, the old key, is read as task.name.)",
     )

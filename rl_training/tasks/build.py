@@ -66,6 +66,16 @@ def _code(fmt: str) -> Callable[[Config, dict], Task]:
     return make
 
 
+def _python_tool(fmt: str) -> Callable[[Config, dict], Task]:
+    def make(cfg: Config, args: dict) -> Task:
+        from rl_training.tasks.python_tool import PythonToolEnvironment
+
+        # task.args: max_tool_calls, tool_timeout_s, output_chars, persist, max_obs_tokens; its pool takes sandbox.*
+        return PythonToolEnvironment(fmt, **_keys(cfg, args))
+
+    return make
+
+
 # name -> factory(config, task.args): the families under rl_training/tasks/
 BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "gsm8k": _math("gsm8k"),
@@ -76,6 +86,8 @@ BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "humaneval": _code("humaneval"),
     "mbpp": _code("mbpp"),
     "stdio": _code("stdio"),
+    "python_gsm8k": _python_tool("gsm8k"),
+    "python_math": _python_tool("math"),
 }
 
 

@@ -57,6 +57,15 @@ _SENT_R = "@@rlt-result-{}@@"
 _CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 
 
+class ToolFailed(Exception):
+    """Raised by a tool (or ToolEnvironment.invoke) for a failure whose `text` is the whole result, counted under
+    `cls` (one of the environment's error_classes)."""
+
+    def __init__(self, cls: str, text: str):
+        super().__init__(text)
+        self.cls, self.text = cls, text
+
+
 class ToolTemplateError(UserError, ValueError):
     """The tokenizer cannot serve a ToolEnvironment (no chat template, no tool support, no prefix property)."""
 
@@ -334,6 +343,7 @@ class ToolEnvironment(Environment):
 
     tools: tuple[Callable, ...] = ()
     episode_counts = ("tool_calls", "tool_errors", "used_tools")
+    error_classes: tuple[str, ...] = ERROR_CLASSES  # a subclass may add its own (ToolFailed), never drop one
 
     def __init__(
         self,
@@ -393,7 +403,7 @@ class ToolEnvironment(Environment):
         return ToolEpisode(example)
 
     def call_stats(self) -> ToolStats:
-        return ToolStats()
+        return ToolStats(errors=dict.fromkeys(self.error_classes, 0))
 
     def step_batch(self, states: list, turns: list[Turn], stats: ToolStats) -> list[Step]:
         return [self.tool_step(s, t, stats) for s, t in zip(states, turns, strict=True)]
@@ -410,7 +420,7 @@ class ToolEnvironment(Environment):
         first, results, errors = ep.calls == 0, [], 0
         for call in calls:
             ep.calls += 1
-            text, err = self.call(call, ep.calls)
+            text, err = self.call(call, ep.calls, ep)
             stats.calls += 1
             if err:
                 stats.errors[err] += 1
@@ -421,7 +431,7 @@ class ToolEnvironment(Environment):
         stats.truncated += cut
         return Step(ids, counts={"tool_calls": len(calls), "tool_errors": errors, "used_tools": float(first)})
 
-    def call(self, call: ToolCall, nth: int) -> tuple[str, str]:
+    def call(self, call: ToolCall, nth: int, ep: ToolEpisode | None = None) -> tuple[str, str]:
         """(result text, error class or '') of the episode's nth call."""
         if nth > self.max_tool_calls:
             return f"error: more than max_tool_calls={self.max_tool_calls} tool calls in this episode", "too_many"
@@ -434,12 +444,19 @@ class ToolEnvironment(Environment):
         if problem:
             return f"error: {call.name}: {problem}", "arguments"
         try:
-            out = run_limited(lambda: fn(**call.arguments), self.tool_timeout_s)
+            out = self.invoke(ep, fn, call.arguments)
+        except ToolFailed as e:
+            return e.text, e.cls
         except RewardTimeout:
             return f"error: {call.name} timed out after {self.tool_timeout_s:g} s", "timeout"
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- a user's tool may raise anything: an observation
             return f"error: {call.name} raised {one_line(e)}", "raised"
         return result_text(out), ""
+
+    def invoke(self, ep: ToolEpisode | None, fn: Callable, arguments: dict) -> Any:
+        """One checked call's return value: fn under tool_timeout_s. A tool with per-episode state or a time limit
+        of its own (the python tool's sandbox deadline) overrides it."""
+        return run_limited(lambda: fn(**arguments), self.tool_timeout_s)
 
     def _observation(self, results: list[str], sampled: list[int]) -> tuple[list[int], int]:
         """The tool turn's ids within max_obs_tokens: each result cut to an equal share of what the structure

@@ -13,6 +13,7 @@ from rl_training.config.schema import ConfigError
 from rl_training.tasks.build import BUILTIN, build_task, make_task
 from rl_training.tasks.code.task import CodeTask
 from rl_training.tasks.math import MathTask
+from rl_training.tasks.python_tool import PythonToolEnvironment
 from rl_training.tasks.reverse import ReverseTask
 from rl_training.tasks.search.task import SearchTask
 from tests.helpers import TESTCFG
@@ -73,6 +74,7 @@ def test_builtin_names_build_their_family():
     types = {
         "gsm8k": MathTask, "math": MathTask, "reverse": ReverseTask, "search": SearchTask,
         "search_subem": SearchTask, "humaneval": CodeTask, "mbpp": CodeTask, "stdio": CodeTask,
+        "python_gsm8k": PythonToolEnvironment, "python_math": PythonToolEnvironment,
     }  # fmt: skip
     assert set(BUILTIN) == set(types)
     for name, cls in types.items():
