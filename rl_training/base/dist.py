@@ -6,7 +6,9 @@ group. gloo on CPU, NCCL on CUDA. Nothing here is called only on rank 0 if it is
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +51,11 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         device = torch.device("cpu")
     global _OWN_GROUP
     if world > 1 and not dist.is_initialized():
+        # Before the group exists: torch.distributed.nn.functional takes `group=group.WORLD` as default arguments,
+        # evaluated at import (transformers imports it while loading a tokenizer). Imported after this call it
+        # would hold the group for the life of the interpreter, past destroy_process_group (see cleanup()).
+        importlib.import_module("torch.distributed.nn.functional")
+
         timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **timeout)
         _OWN_GROUP = True
@@ -208,8 +215,24 @@ def print0(*args, **kwargs) -> None:
 
 def cleanup() -> None:
     """Destroy the process group if this module created it (vLLM creates and tears down its own in a world
-    of one; destroying that one here would break vLLM's exit handler)."""
+    of one; destroying that one here would break vLLM's exit handler).
+
+    The group must really go here, not at interpreter exit: its destructor joins gloo's worker threads. A worker
+    thread that is still alive drops its last finished collective a moment after the rank's wait returned, and
+    that releases a tensor's Python object, which takes the GIL. If the interpreter is finalizing by then, Python
+    (3.11) ends the thread with pthread_exit, whose unwinding through that noexcept C++ destructor aborts the
+    process: "terminate called without an active exception", SIGABRT, on a rank whose work was done."""
     global _OWN_GROUP
     if _OWN_GROUP and dist.is_initialized():
+        group = dist.group.WORLD
         dist.destroy_process_group()
+        held = sys.getrefcount(group) - 2  # less this name and getrefcount's own argument
+        if held > 0:
+            print(
+                f"warning: the process group outlived destroy_process_group ({held} reference(s) left, e.g. a module "
+                "imported after init_process_group that took group.WORLD as a default argument); its worker "
+                "threads may abort this process at exit",
+                file=sys.stderr,
+                flush=True,
+            )
     _OWN_GROUP = False

@@ -142,16 +142,7 @@ def test_server_matches_colocated_vllm(server_overrides, run_overrides, tmp_path
         assert b["rollout/logp_diff_mean"] < 1e-3 and a["rollout/logp_diff_mean"] < 1e-3
 
 
-# Passes alone; in two full-suite runs rank 1 died with SIGABRT ("terminate called without an active exception")
-# right after loading its model, before any Python error: not yet understood (issue 19). Ruled out: the process
-# environment an in-process colocated engine leaves behind (vLLM's CPU platform sets LD_PRELOAD=torch's libgomp,
-# LOCAL_WORLD_SIZE, VLLM_*, ...; this test passes right after test_server_matches_colocated_vllm in one session,
-# and a 2-rank run with those variables set passes), threads at fork (subprocess fork+execs a fresh torchrun).
-# The same abort hit tests/integration/test_evals.py::test_inloop_eval_on_two_ranks (HF backend) once in three full
-# runs, so it is not the server's. The runners now enable faulthandler (the next abort prints every thread's Python
-# stack) and tests/conftest.py stops engine environment from leaking into later tests' subprocesses.
-# Non-strict xfail keeps it running and reported (XPASS / XFAIL) without failing the suite until it is found.
-@pytest.mark.xfail(strict=False, reason="rank 1 SIGABRT at setup in full-suite runs only; issue 19")
+# Rank 1's SIGABRT at exit (issue 19): the gloo group outlived destroy_process_group; fixed in base/dist.py.
 def test_two_ranks_on_one_server(server_overrides, tmp_path):
     cmd = torchrun_cmd(2, RL_RUNNER, "--cfg", TESTCFG, *server_overrides, "train.total_steps=3", "ckpt.every=0")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
