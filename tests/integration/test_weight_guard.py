@@ -67,8 +67,6 @@ def test_colocated_engine_skipped_sync_stops_the_run(run_overrides, monkeypatch,
 
 def test_colocated_engine_stale_adapter_stops_the_run(run_overrides, monkeypatch, capsys, tmp_path):
     args = [*run_overrides, *VLLM, "vllm.weight_sync=lora", "vllm.sleep_level=1", "rollout.canary_stop_steps=2"]
-    status, healthy, err = run([*args, "run.name=healthy"], monkeypatch, None, capsys)
-    assert status == 0 and all(m["guard/canary_streak"] == 0 for m in healthy), err[-2000:]
     # Counted after the build's push: the one after step 1 is the first, and the engine keeps serving the
     # build's adapter from there on, so step 2 is the first sampled from stale weights.
     status, metrics, err = run([*args, "run.name=stale"], monkeypatch, "vllm.stale_adapter@1", capsys)
@@ -128,7 +126,7 @@ def test_healthy_server_run_never_trips(server_overrides, monkeypatch, capsys):
     assert [m["rollout/policy_version_max"] for m in metrics] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-@pytest.mark.parametrize("dtype, healthy_max", [("float32", 1e-4), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("dtype, healthy_max", [("bfloat16", 2e-2)])  # float32 HF: every other runner test
 def test_healthy_hf_runs_never_trip(run_overrides, monkeypatch, capsys, dtype, healthy_max):
     # The HF backend samples with the trainer's own model: the canary is generation-vs-forward round-off.
     status, metrics, err = run([*run_overrides, f"model.dtype={dtype}"], monkeypatch, None, capsys)
