@@ -207,8 +207,8 @@ class RolloutCfg:
     canary_stop_steps: int = _f(
         3,
         "Checkpoint and stop the run (exit status 70) after this many steps in a row over "
-        "rollout.canary_max_logp_diff (judged with max_async_level=0 and top_p=1), or at once when a batch "
-        "comes from a policy version outside [t-K, t]; 0 = only log guard/*.",
+        "rollout.canary_max_logp_diff (judged with max_async_level=0, top_p=1, min_new_tokens=0), or at once when "
+        "a batch comes from a policy version outside [t-K, t]; 0 = only log guard/*.",
         ge=0,
     )
 

@@ -9,8 +9,9 @@ reward may still rise for a while. Two signals judge it every step, both agreed 
   trained ones. It counts against the weights when above `rollout.canary_max_logp_diff` (0 = by
   `model.dtype`, DEFAULT_MAX_LOGP_DIFF) on `rollout.canary_stop_steps` steps in a row. It is judged only where
   it measures the weights alone: synchronous rollouts (rollout.max_async_level=0; with K > 0 every batch comes
-  from a policy K updates old, so the canary includes that drift by design) and rollout.top_p=1 (below it the
-  sampler's log-probs are renormalised over the nucleus).
+  from a policy K updates old, so the canary includes that drift by design), rollout.top_p=1 (below it the
+  sampler's log-probs are renormalised over the nucleus) and rollout.min_new_tokens=0 (above it the sampler
+  masks the stop tokens, a distribution the trainer does not score).
 - the policy version, where the backend reports one (the server backend): a batch of step t must come from
   versions in [t - K, t]. Anything else is a bookkeeping failure with no round-off to allow for: the run
   stops at that step.
@@ -53,7 +54,7 @@ class WeightGuard:
         self.max_diff = max_logp_diff(cfg)
         self.stop_steps = cfg.rollout.canary_stop_steps
         self.k = cfg.rollout.max_async_level
-        self.judges_canary = self.k == 0 and cfg.rollout.top_p >= 1
+        self.judges_canary = self.k == 0 and cfg.rollout.top_p >= 1 and cfg.rollout.min_new_tokens == 0
         state = state or {}
         self.streak = int(state.get("streak", 0))  # consecutive steps over the threshold
         self.over_steps = int(state.get("over_steps", 0))  # all steps over it, for the metric

@@ -214,7 +214,8 @@ def fake(monkeypatch, run_overrides):
 
     monkeypatch.setattr(rl_runner, "build_rollout", build)
     base = [*run_overrides, "rollout.backend=server", "server.urls=[http://127.0.0.1:9]", "loss.tis_cap=2.0"]
-    return made, base
+    # The fake's log-probs are not the policy's: the weight-state guard would rightly stop these runs.
+    return made, [*base, "rollout.canary_stop_steps=0"]
 
 
 def metrics_of(tmp_path, name="testconfig"):

@@ -200,8 +200,8 @@ def test_odd_checkpoint_configs_are_skipped_not_fatal(tmp_path, capsys):
     assert cfg.model.name_or_path == "/models/a" and [t.step for t in usable] == [0, 2, 3]
     ck = tmp_path / "checkpoints"
     assert skipped == [
-        f"{ck}/step_000004: unusable config.yaml ({ck}/step_000004/config.yaml: no model.name_or_path (the file "
-        "must set it; defaults are not assumed))",
+        f"{ck}/step_000004: unusable config.yaml ({ck}/step_000004/config.yaml: the file is empty (no sections); "
+        "it would silently train on every default)",
         f"{ck}/step_000005: unusable config.yaml ({ck}/step_000005/config.yaml: not UTF-8 text (byte 26: 0xe9))",
         f"{ck}/step_000001: config.yaml has another policy than most checkpoints (model.name_or_path="
         "'/models/b', not '/models/a'); evaluate it alone: --steps 1 --no-base --name OTHER",

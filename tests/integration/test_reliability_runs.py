@@ -132,7 +132,9 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint_and_metrics(
     run_dir = tmp_path / "runs" / "testconfig"
     assert [s for s, _ in list_checkpoints(run_dir)] == [1]
     validate_checkpoint(run_dir / "checkpoints" / "step_000001")  # sizes and sha256 as saved
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000001"]  # temp dir removed
+    # the temp dir removed; `latest` still names the intact checkpoint
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000001"]
+    assert (run_dir / "checkpoints" / "latest").resolve() == run_dir / "checkpoints" / "step_000001"
     assert [x["step"] for x in read_metrics(run_dir)] == [1, 2]  # whole lines; step 2 awaits its checkpoint
     monkeypatch.undo()
     assert rl_runner.main(["--cfg", TESTCFG, *base, "ckpt.resume=latest"]) == 0

@@ -66,7 +66,8 @@ def test_not_tripped_below_the_streak_and_off_with_zero():
 
 def test_canary_not_judged_where_it_measures_more_than_the_weights():
     # top_p < 1: the sampler's log-probs are over the nucleus; K > 0: a policy K updates old by design
-    for overrides in (["rollout.top_p=0.9"], [*SERVER, "rollout.max_async_level=2"]):
+    # min_new_tokens > 0: the sampler masks the stop tokens (fixed-length benchmarks)
+    for overrides in (["rollout.top_p=0.9"], [*SERVER, "rollout.max_async_level=2"], ["rollout.min_new_tokens=2"]):
         g = guard(*overrides)
         assert feed(g, [1.0] * 4) == [0, 0, 0, 0] and not g.tripped()
 
