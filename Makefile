@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster test-stress test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -32,9 +32,9 @@ demo-search: setup
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
 
-# Every tier but the demos (CI runs this, then test-demos: .ci/run). The tiers are folders: tests/unit/<package>/,
-# tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/demos/ (the learning
-# demos, minutes each: `make test-demos`).
+# Every tier but stress and the demos (CI runs this, then test-stress and test-demos: .ci/run). The tiers are
+# folders: tests/unit/<package>/, tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell
+# scripts), tests/stress/ (`make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`).
 test: setup
 	$(PY) -m pytest -q tests/unit tests/integration tests/cluster
 
@@ -48,6 +48,10 @@ test-cluster: setup
 
 test-demos: setup
 	$(PY) -m pytest -q tests/demos
+
+# Repeated runs under load (20 two-rank runs that must all exit 0 on every rank): about 4 minutes.
+test-stress: setup
+	$(PY) -m pytest -q tests/stress
 
 quality: setup
 	.venv/bin/ruff check .
