@@ -6,6 +6,7 @@ group. gloo on CPU, NCCL on CUDA. Nothing here is called only on rank 0 if it is
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
@@ -59,6 +60,9 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **timeout)
         _OWN_GROUP = True
+        # A path that exits without reaching cleanup() (a worker body that returns, sys.exit deep inside) still
+        # destroys the group before the interpreter finalizes: atexit runs while threads may still take the GIL.
+        atexit.register(cleanup)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 

@@ -109,6 +109,7 @@ def publish_failure_worker(rank: int, world: int, port: int, out: str) -> None:
     import time
     from types import SimpleNamespace
 
+    from rl_training.base import dist
     from rl_training.rollout.server import ServerBackend
 
     _init(rank, world, port, timeout_s=20)  # without the fix rank 1 would wait in the broadcast until then
@@ -124,3 +125,4 @@ def publish_failure_worker(rank: int, world: int, port: int, out: str) -> None:
     except Exception as e:  # noqa: BLE001 -- what each rank saw is the test's result
         result = f"{type(e).__name__}: {e}"
     Path(out, f"rank{rank}.json").write_text(json.dumps({"error": result, "s": time.perf_counter() - t0}))
+    dist.cleanup()
