@@ -62,6 +62,7 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         _OWN_GROUP = True
         # A path that exits without reaching cleanup() (a worker body that returns, sys.exit deep inside) still
         # destroys the group before the interpreter finalizes: atexit runs while threads may still take the GIL.
+        atexit.unregister(cleanup)  # once per process, however many groups it makes in turn
         atexit.register(cleanup)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
