@@ -83,8 +83,8 @@ write_conf() {
   # Exact hardware line from slurmd itself (e.g. "CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2
   # ThreadsPerCore=1"); every fake node claims the whole host (CPUs are oversubscribed across fake nodes).
   local hw mem_total mem
-  hw=$(slurmd -C | head -n1 | sed -e 's/^NodeName=[^ ]* //' -e 's/ RealMemory=.*//')
-  mem_total=$(slurmd -C | head -n1 | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
+  hw=$(slurmd -C | sed -n 1p | sed -e 's/^NodeName=[^ ]* //' -e 's/ RealMemory=.*//')
+  mem_total=$(slurmd -C | sed -n 1p | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p')
   mem=$(( mem_total * 8 / 10 / (NODES > 1 ? NODES : 1) ))
   mkdir -p /etc/slurm
   {
@@ -232,7 +232,7 @@ EOF
 #!/bin/bash
 #SBATCH --ntasks-per-node=1 --time=00:02:00
 set -euo pipefail
-HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 echo "JOB nodelist=$SLURM_JOB_NODELIST nnodes=$SLURM_NNODES head=$HEAD head_addr=$(getent hosts "$HEAD" | awk '{print $1}')"
 srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 bash -c 'echo "TASK procid=$SLURM_PROCID nodeid=$SLURM_NODEID node=$SLURMD_NODENAME"'
 EOF

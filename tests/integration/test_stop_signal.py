@@ -97,7 +97,10 @@ def test_batch_script_survives_a_stop_signal_before_the_job_step(tmp_path):
     stubs = tmp_path / "bin"
     stubs.mkdir()
     stub = {
-        "scontrol": f"touch {tmp_path}/ready; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; echo n1; echo n2",
+        # n1, n2 and then more than a pipe buffer (64 KiB) of names: a reader that exits after the first
+        # line (head -n1) would SIGPIPE this writer and, under pipefail, end the script with 141 (CI, 2026-11-27)
+        "scontrol": f"touch {tmp_path}/ready; while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; echo n1; echo n2; "
+        "seq 3 20000 | sed 's/^/n/'",
         "srun": f"touch {tmp_path}/srun-called",
         "scancel": f"touch {tmp_path}/scancel-called",
     }
