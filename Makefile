@@ -36,7 +36,7 @@ bench-multiturn: setup
 # folders: tests/unit/<package>/, tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell
 # scripts), tests/stress/ (`make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`).
 test: setup
-	$(PY) -m pytest -q tests/unit tests/integration tests/cluster
+	$(PY) -m pytest -q --durations=30 tests/unit tests/integration tests/cluster
 
 # unit + integration without the tests marked slow: the everyday loop (under 10 minutes on 2 cores)
 test-fast: setup
@@ -47,7 +47,7 @@ test-cluster: setup
 	$(PY) -m pytest -q tests/cluster
 
 test-demos: setup
-	$(PY) -m pytest -q tests/demos
+	$(PY) -m pytest -q --durations=0 tests/demos
 
 # Repeated runs under load (20 two-rank runs that must all exit 0 on every rank): about 4 minutes.
 test-stress: setup
