@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search bench-multiturn test test-fast test-cluster test-stress test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search demo-tools bench-multiturn test test-fast test-cluster test-stress test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -28,6 +28,11 @@ demo-code: setup
 # Multi-turn search (Search-R1) on CPU: gold-episode SFT, RL with BM25 and the retriever=none ablation (docs/search.md).
 demo-search: setup
 	$(PY) scripts/demo_search.py
+
+# Chat-template tool calls on CPU (docs/tools.md): gold-episode SFT, RL with the multiply tool and the
+# empty-result ablation.
+demo-tools: setup
+	$(PY) scripts/demo_tools.py
 
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py

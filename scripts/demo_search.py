@@ -33,8 +33,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 from demo import sh, torchrun  # noqa: E402  (the single-turn demo's launch helpers)
 
 
-def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> dict:
-    """Greedy held-out episodes with the training episode engine and grader (rl_training/evaluation) on HF."""
+def heldout_summary(model_path: Path, adapter: Path | None, cfg) -> tuple[dict, str]:
+    """Greedy held-out episodes with the training episode engine and grader (rl_training/evaluation) on HF: the
+    summary metrics (evaluation/pass_at_k.summarize, the environment's counts included) and the first episode."""
     import dataclasses
 
     import torch
@@ -54,7 +55,6 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, adapter)
-    cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, retriever=retriever))
     task = build_task(cfg)
     examples = load_examples(cfg.data.eval, task.parse, limit=cfg.eval.num_prompts)
     prompts = encode_prompts(examples, cfg.data, tok, task)
@@ -65,13 +65,16 @@ def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> d
         records, _ = evaluate_policy(backend, prompts, examples, task, settings)
     finally:
         task.close()
-    m = summarize(records, ())
-    return {
-        "em": m["accuracy"],
-        "turns": m["turns_mean"],
-        "searches": m["searches_mean"],
-        "example": records[0]["greedy"]["text"],
-    }
+    return summarize(records, ()), records[0]["greedy"]["text"]
+
+
+def heldout_em(model_path: Path, adapter: Path | None, cfg, retriever: str) -> dict:
+    """heldout_summary with the given retriever."""
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, retriever=retriever))
+    m, example = heldout_summary(model_path, adapter, cfg)
+    return {"em": m["accuracy"], "turns": m["turns_mean"], "searches": m["searches_mean"], "example": example}
 
 
 def sampled_em(metrics: Path, n: int = 3) -> dict:
@@ -110,8 +113,9 @@ def sft_on_one_core(cfg: str, over: list[str], core: int) -> None:
 
 
 def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> None:
-    """One torchrun per retriever at once, each pinned to its own core (set_cpu_threads then gives it one
-    thread); their output is printed when both have ended (the tail of each; all of a failed one's)."""
+    """One torchrun per run (label -> overrides; here one per retriever) at once, each pinned to its own core
+    (set_cpu_threads then gives it one thread); their output is printed when both have ended (the tail of each;
+    all of a failed one's)."""
     procs = {}
     for (retriever, over), core in zip(overs.items(), cores, strict=False):
         cmd = one_rank("rl_runner.py", cfg, over)
@@ -135,11 +139,23 @@ def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> N
         log.seek(0)
         text = log.read()
         log.close()
-        print(f"--- RL with search.retriever={retriever} (last lines) ---\n" + "\n".join(text.splitlines()[-8:]))
+        print(f"--- RL run {retriever!r} (last lines) ---\n" + "\n".join(text.splitlines()[-8:]))
         if proc.returncode:
             failed.append(f"{retriever}: exit {proc.returncode}\n{text[-3000:]}")
     if failed:
         raise SystemExit("RL failed: " + "\n".join(failed))
+
+
+def rl_runs(cfg: str, overs: dict[str, list[str]]) -> float:
+    """The RL runs (label -> overrides) side by side, one core each, where the machine has a core per run, else
+    one after another; the seconds they took."""
+    cores, t = sorted(os.sched_getaffinity(0)), time.time()
+    if len(overs) > 1 and len(cores) >= len(overs):
+        rl_in_parallel(cfg, overs, cores)
+    else:
+        for over in overs.values():
+            torchrun("rl_runner.py", cfg, over)
+    return time.time() - t
 
 
 def main() -> int:
@@ -185,13 +201,7 @@ def main() -> int:
         over = [f"run.name={name}", *out, *files, f"model.name_or_path={start_dir / 'final_model'}"]
         overs[retriever] = [*over, f"search.retriever={retriever}", *a.overrides]
         cfgs[retriever] = load_config(REPO / a.rl_cfg, overs[retriever])
-    t = time.time()
-    if len(runs) > 1 and len(cores) >= len(runs):  # the two RL runs side by side, one core each
-        rl_in_parallel(a.rl_cfg, overs, cores)
-    else:
-        for over in overs.values():
-            torchrun("rl_runner.py", a.rl_cfg, over)
-    times["rl_s"] = time.time() - t
+    times["rl_s"] = rl_runs(a.rl_cfg, overs)
     t = time.time()
     reader = heldout_em(REPO / sft_dir / "final_model", None, cfgs["bm25"], "bm25")
     for retriever, cfg in cfgs.items():

@@ -429,3 +429,19 @@ def step_environments(job: str, nodes=("n1", "n2"), timeout: float = 240) -> dic
                     found[node]["worker"] = env
         time.sleep(0.2)
     return found
+
+
+def run_demo_script(script: str, *args: str, timeout: float = 1200) -> tuple[subprocess.CompletedProcess, float]:
+    """A demo script of scripts/ run as a user runs it (offline, from the repository): its result and wall time."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, f"scripts/{script}", *args],
+        cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r, wall

@@ -389,6 +389,16 @@ class ToolEnvironment(Environment):
         if self.max_obs_tokens is None:
             multiturn = getattr(getattr(ctx, "cfg", None), "multiturn", None)
             self.max_obs_tokens = getattr(multiturn, "max_obs_tokens", MAX_OBS_TOKENS)
+        if self.fmt is not None:  # a cap below the tool turn's own tokens would cut the template's structure
+            from rl_training.config.schema import ConfigError
+
+            fixed = len(self.fmt.tool_turn([""], []))
+            if self.max_obs_tokens <= fixed:
+                raise ConfigError(
+                    f"max_obs_tokens={self.max_obs_tokens} cannot hold this template's tool turn ({fixed} tokens "
+                    f"around the result): raise multiturn.max_obs_tokens (or task.args.max_obs_tokens) to at least "
+                    f"{fixed + 1}, better {fixed + 64}"
+                )
 
     def format_for(self, tokenizer) -> ChatToolFormat:
         if self.fmt is None or self.fmt.tok is not tokenizer:

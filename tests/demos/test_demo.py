@@ -7,30 +7,16 @@ A few minutes of compute: it runs with the slow tests."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.helpers import REPO, read_metrics
+from tests.helpers import read_metrics, run_demo_script
 
 pytestmark = pytest.mark.slow
 
 
 def run_demo(tmp_path, task: str, *args: str):
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--task", task, "--output-dir", str(tmp_path), *args],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    wall = time.monotonic() - t0
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    r, wall = run_demo_script("demo.py", "--task", task, "--output-dir", str(tmp_path), *args)
     (summary_file,) = tmp_path.glob("demo_*_rl/demo_summary.json")  # the runs went to --output-dir
     assert len(list(tmp_path.glob("demo_*_sft/final_model/config.json"))) == 1
     return r, wall, json.loads(summary_file.read_text())

@@ -7,30 +7,16 @@ cores the two RL runs go side by side, one per core."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import run_demo_script
 
 pytestmark = pytest.mark.slow
 
 
 def test_search_demo_meets_its_acceptance_criteria(tmp_path):
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "scripts/demo_search.py", "--output-dir", str(tmp_path)],
-        cwd=REPO,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    wall = time.monotonic() - t0
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    _, wall = run_demo_script("demo_search.py", "--output-dir", str(tmp_path), timeout=1800)
     (summary_file,) = tmp_path.glob("search_*_rl/demo_summary.json")
     summary = json.loads(summary_file.read_text())
     bm25, none = summary["results"]["bm25"], summary["results"]["none"]

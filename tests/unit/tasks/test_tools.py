@@ -308,6 +308,22 @@ def test_non_utf8_text_is_replaced(tok):
 
 
 # ------------------------------------------------------------------------------------------------- refusals
+def test_max_obs_tokens_below_the_tool_turn_is_refused_at_start_in_one_line(tok):
+    """The tiny template's tool turn is 54 tokens around an empty result (the closing <|im_end|>, the user turn's
+    tags, the assistant's generation prompt): a cap of 54 would cut the structure itself, 55 leaves one token."""
+    from types import SimpleNamespace
+
+    from rl_training.config.schema import ConfigError
+    from rl_training.tasks.base import TaskContext
+
+    env = Tools()
+    assert len(env.format_for(tok).tool_turn([""], [])) == 54
+    ctx = TaskContext(tokenizer=tok, cfg=SimpleNamespace(multiturn=SimpleNamespace(max_obs_tokens=54)))
+    with pytest.raises(ConfigError, match=r"max_obs_tokens=54 cannot hold this template's tool turn \(54 tokens"):
+        env.start(ctx)
+    Tools(max_obs_tokens=55).start(ctx)  # task.args.max_obs_tokens wins over multiturn's, and 55 fits
+
+
 def test_a_tokenizer_without_a_chat_template_is_refused_in_one_line():
     tok = build_tokenizer()
     tok.name_or_path = "models/tiny-qwen2"
