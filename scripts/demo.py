@@ -40,20 +40,20 @@ def sh(cmd: list[str]) -> None:
     subprocess.run(cmd, cwd=REPO, check=True)
 
 
-def torchrun(script: str, cfg: str, overrides: list[str]) -> None:
-    sh(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=1",
-            "--standalone",
-            f"rl_training/runners/{script}",
-            "--cfg",
-            cfg,
-            *overrides,
-        ]
-    )
+def torchrun_cmd(script: str, cfg: str, overrides: list[str], nproc: int = 1) -> list[str]:
+    """torchrun of `nproc` ranks (default one) of rl_training/runners/<script>."""
+    run = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
+    return [*run, f"rl_training/runners/{script}", "--cfg", cfg, *overrides]
+
+
+def torchrun(script: str, cfg: str, overrides: list[str], cpus: set[int] | None = None) -> None:
+    """One rank of rl_training/runners/<script>; on `cpus` (one torch thread per core) when given."""
+    cmd = torchrun_cmd(script, cfg, overrides)
+    if not cpus:
+        return sh(cmd)
+    print(f"+ [cores {sorted(cpus)}]", " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus))}
+    subprocess.run(cmd, cwd=REPO, env=env, check=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
 
 
 def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
@@ -131,19 +131,24 @@ def main() -> int:
     t_sft = time.time()
     rl_over = [f"run.name=demo_{stamp}_rl", *out, f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
     rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
-    server = None
+    server, rl_cpus = None, None
     if a.server:
+        # The server gets a core of its own where there are two or more, the trainer the rest: sharing every core,
+        # the engine's OpenMP threads and the trainer's slowed its update tenfold (0.17 -> 2 s a step; docs/server.md).
+        cores = sorted(os.sched_getaffinity(0))
+        server_cpus, rl_cpus = ({cores[-1]}, set(cores[:-1])) if len(cores) > 1 else (None, None)
         from rl_training.rollout.local_server import VLLMServer
 
         log = REPO / rl_cfg.run.output_dir / f"demo_{stamp}_server.log"
-        server = VLLMServer(REPO / sft_dir / "final_model", log, max_lora_rank=rl_cfg.lora.r).start()
+        server = VLLMServer(REPO / sft_dir / "final_model", log, max_lora_rank=rl_cfg.lora.r, cpus=server_cpus)
+        server.start()
         print(f"vLLM server on {server.url} (log: {log})", flush=True)
         rl_over += ["rollout.backend=server", f"server.urls=[{server.url}]"]
         rl_over += [f"rollout.max_async_level={a.async_level}", "loss.tis_cap=2.0"] if a.async_level else []
         rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
     rl_cfg.rollout.backend = resolve_backend_name(rl_cfg.rollout.backend)  # what the runner will use
     try:
-        torchrun("rl_runner.py", a.rl_cfg, rl_over)
+        torchrun("rl_runner.py", a.rl_cfg, rl_over, rl_cpus)
     finally:
         if server is not None:
             server.stop()

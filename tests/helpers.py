@@ -43,6 +43,13 @@ def data_overrides(reverse_data: Path) -> list[str]:
     return [f"data.train={reverse_data / 'train.jsonl'}", f"data.eval={reverse_data / 'heldout.jsonl'}"]
 
 
+def server_cpus() -> set[int] | None:
+    """The core a test's vLLM server runs on: the last one, where there are two or more (VLLMServer's cpus), so
+    the engine's OpenMP threads do not spin on every core the trainer uses."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {cores[-1]} if len(cores) > 1 else None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,9 +29,12 @@ class VLLMServer:
         served_name: str = "base",
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        cpus: set[int] | None = None,
     ):
+        """cpus: the cores the server (API process and engine) runs on, its OpenMP threads bound one per core;
+        None: vLLM's default (every core of the NUMA node), which shares them with anything else running."""
         self.model, self.log, self.rank, self.served_name = model, log, max_lora_rank, served_name
-        self.extra_args, self.env = list(extra_args), env or {}
+        self.extra_args, self.env, self.cpus = list(extra_args), env or {}, cpus
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -82,9 +85,13 @@ class VLLMServer:
             "VLLM_LOGGING_LEVEL": "WARNING",
             **self.env,
         }
+        pin = None
+        if self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(self.cpus)))
+            pin = lambda cpus=set(self.cpus): os.sched_setaffinity(0, cpus)  # noqa: E731
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=pin
             )
         session = requests.Session()
         session.trust_env = False

@@ -1,16 +1,20 @@
 """Fixtures of the integration tier: a real vLLM OpenAI server (the CPU build) for the server-backend tests,
-started once per module on 127.0.0.1 with an ephemeral port (~20-40 s), and the overrides that point a run at it."""
+started once per session on 127.0.0.1 with an ephemeral port (~20-30 s; once per module it cost the tier three
+starts), and the overrides that point a run at it."""
 
 from __future__ import annotations
 
 import pytest
 
 from rl_training.rollout.local_server import VLLMServer
+from tests.helpers import server_cpus
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(warm_model, tmp_path_factory):
-    srv = VLLMServer(warm_model, tmp_path_factory.mktemp("vllm-server") / "server.log").start()
+    # rank 16: the demo's adapter (cfg/tiny_cpu.yaml, test_server_async.py); the tests' own rank 8 fits under it
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    srv = VLLMServer(warm_model, log, max_lora_rank=16, cpus=server_cpus()).start()
     yield srv
     srv.stop()
 

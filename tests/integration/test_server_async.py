@@ -14,19 +14,10 @@ import signal
 import pytest
 
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
-from rl_training.rollout.local_server import VLLMServer
 from rl_training.runners import rl_runner
 from tests.helpers import TESTCFG
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(warm_model, tmp_path_factory):
-    # rank 16: the demo's adapter (cfg/tiny_cpu.yaml)
-    srv = VLLMServer(warm_model, tmp_path_factory.mktemp("vllm-server") / "server.log", max_lora_rank=16).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

@@ -96,13 +96,13 @@ def test_canary_after_publish_and_skipped_publish_caught(server_run, monkeypatch
 
 
 def test_refused_adapter_fails_fast(server_overrides, run_overrides, tmp_path):
-    # The server takes rank <= 8; lora.r=16 is refused at the first publish with the fix in the message.
-    cfg = load_config(TESTCFG, [*server_overrides, "lora.r=16", "lora.alpha=32"])
+    # The server takes rank <= 16 (conftest.py); lora.r=32 is refused at the first publish with the fix in the message.
+    cfg = load_config(TESTCFG, [*server_overrides, "lora.r=32", "lora.alpha=64"])
     with pytest.raises(ServerError) as e:
         rl_runner.setup(cfg, dist.init_distributed())
     msg = str(e.value)
-    assert "\n" not in msg and "lora.r=16" in msg and "--max-lora-rank >= 16" in msg
-    assert "greater than max_lora_rank 8" in msg  # the server's own reason
+    assert "\n" not in msg and "lora.r=32" in msg and "--max-lora-rank >= 32" in msg
+    assert "greater than max_lora_rank 16" in msg  # the server's own reason
 
 
 def test_full_weight_fallback(server_overrides, server):
@@ -208,3 +208,24 @@ def test_server_runs_episode_turns_like_the_colocated_engine(server_run, server)
     for t, cap in zip(a, [12, 12, 3], strict=True):
         assert 1 <= len(t.ids) <= cap and len(t.logprobs) == len(t.ids)
         assert turn_end(t.ids, tok, ("a", "e"), backend.stop_ids, cap) == len(t.ids)  # cut where vLLM cuts
+
+
+def test_the_server_keeps_to_its_core(server, server_run):
+    """VLLMServer(cpus=...): every thread of the server's processes (API server, engine core, their OpenMP
+    threads) may run only on the server's core, so the trainer keeps the others (without it the engine's threads
+    bound every core and the async demo's update took 2 s instead of 0.17; docs/server.md). After a generation,
+    so the engine's OpenMP pool exists."""
+    from rl_training.tasks.code.worker import descendants
+
+    if server.cpus is None:
+        pytest.skip("one core: nothing to keep the server off")
+    server_run.backend.generate([[5, 6, 7]], SamplingSpec(n=1, max_new_tokens=4, temperature=1.0, seed=1))
+    masks = {}
+    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                masks[(pid, int(tid))] = os.sched_getaffinity(int(tid))
+            except ProcessLookupError:
+                pass  # a thread that ended meanwhile
+    assert len({pid for pid, _ in masks}) >= 2  # the API server and its engine core
+    assert len(masks) > 4 and all(m == server.cpus for m in masks.values()), masks
