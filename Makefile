@@ -40,8 +40,10 @@ bench-multiturn: setup
 # Every tier but stress and the demos (CI runs this, then test-stress and test-demos: .ci/run). The tiers are
 # folders: tests/unit/<package>/, tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell
 # scripts), tests/stress/ (`make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`).
+# scripts/run_tests.sh runs the unit tier (make test) or the one_core demos (make test-demos) on the last core beside
+# the rest where there are two or more cores.
 test: setup
-	$(PY) -m pytest -q --durations=30 tests/unit tests/integration tests/cluster
+	scripts/run_tests.sh
 
 # unit + integration without the tests marked slow: the everyday loop (under 10 minutes on 2 cores)
 test-fast: setup
@@ -52,7 +54,7 @@ test-cluster: setup
 	$(PY) -m pytest -q tests/cluster
 
 test-demos: setup
-	$(PY) -m pytest -q --durations=0 tests/demos
+	scripts/run_tests.sh demos
 
 # Repeated runs under load (20 two-rank runs that must all exit 0 on every rank): about 4 minutes.
 test-stress: setup

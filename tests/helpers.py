@@ -271,10 +271,34 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def last_wandb_record(path: Path):
+    """The file's last record; None while it has none or is still being written (a header or record cut short)."""
+    try:
+        return (wandb_records(path) or [None])[-1]
+    except Exception:  # noqa: BLE001 (a file mid-write fails the header check or the protobuf parse)
+        return None
+
+
+def wandb_closed_files(run_dir: Path, timeout_s: float = 60.0) -> list[Path]:
+    """The offline runs' data files of run_dir, once each ends with its 'exit' record: W&B's service process
+    writes the file, and under load it was read back before the records were there (history empty, once in a full
+    suite beside another tier)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        files = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+        last = {f: last_wandb_record(f) for f in files}
+        if files and all(r is not None and r.WhichOneof("record_type") == "exit" for r in last.values()):
+            return files
+        if time.monotonic() > deadline:
+            found = {str(f.relative_to(run_dir)): r and r.WhichOneof("record_type") for f, r in last.items()}
+            raise AssertionError(f"no closed W&B run under {run_dir} after {timeout_s} s (last records: {found})")
+        time.sleep(0.2)
+
+
 def wandb_history(run_dir: Path) -> list[dict]:
     """Every logged row ({key: value}, with '_step'), in order, over all offline runs of run_dir."""
     rows = []
-    for f in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+    for f in wandb_closed_files(run_dir):
         for rec in wandb_records(f):
             if rec.WhichOneof("record_type") == "history":
                 rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
@@ -282,7 +306,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
 
 
 def wandb_config(run_dir: Path) -> dict:
-    for f in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+    for f in wandb_closed_files(run_dir):
         for rec in wandb_records(f):
             if rec.WhichOneof("record_type") == "run" and rec.run.config.update:
                 return {i.key: json.loads(i.value_json) for i in rec.run.config.update}

@@ -16,6 +16,9 @@ it, is exactly as before.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -130,7 +133,19 @@ def make_tiny_model(out: str | Path, seed: int = 0, chat: bool = False, **model_
     eos = tokenizer.eos_token_id
     model.generation_config.eos_token_id = [eos, tokenizer.convert_tokens_to_ids(EOS)] if chat else eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    # Written beside `out`, then renamed into place: a process that finds `out` (the demos check for it, and two
+    # of them may start at once: scripts/run_tests.sh demos) never reads a half-written model.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 otherwise
+        try:
+            tmp.rename(out)  # atomic where `out` is absent or an empty directory
+        except OSError:  # `out` has files (made meanwhile, or an older model): replace them one file at a time
+            for f in tmp.iterdir():
+                os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -22,6 +22,7 @@ def run_demo(tmp_path, task: str, *args: str):
     return r, wall, json.loads(summary_file.read_text())
 
 
+@pytest.mark.one_core
 def test_demo_meets_its_acceptance_criteria(tmp_path):
     r, wall, summary = run_demo(tmp_path, "reverse")
     before, after = summary["before"]["greedy_reward"], summary["after"]["greedy_reward"]
@@ -33,6 +34,7 @@ def test_demo_meets_its_acceptance_criteria(tmp_path):
     assert "Embedded demo" in r.stdout and "SFT start" in r.stdout  # the before/after table is printed
 
 
+@pytest.mark.one_core
 def test_code_demo_meets_its_acceptance_criteria(tmp_path):
     """Issue 18, item 7: on the synthetic program-synthesis task, graded in the sandbox on hidden inputs,
     RL raises the held-out greedy pass rate by at least 0.15 over the SFT start within 15 minutes.

@@ -15,6 +15,7 @@ from tests.helpers import run_demo_script
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.leaves_a_core  # its SFT stages run on one core
 def test_search_demo_meets_its_acceptance_criteria(tmp_path):
     _, wall = run_demo_script("demo_search.py", "--output-dir", str(tmp_path), timeout=1800)
     (summary_file,) = tmp_path.glob("search_*_rl/demo_summary.json")
