@@ -46,14 +46,19 @@ def torchrun_cmd(script: str, cfg: str, overrides: list[str], nproc: int = 1) ->
     return [*run, f"rl_training/runners/{script}", "--cfg", cfg, *overrides]
 
 
+def pinned(cpus: set[int]) -> dict:
+    """subprocess keyword arguments that run a child on `cpus` only, one torch thread per core."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus))}
+    return {"env": env, "preexec_fn": lambda: os.sched_setaffinity(0, cpus)}
+
+
 def torchrun(script: str, cfg: str, overrides: list[str], cpus: set[int] | None = None) -> None:
     """One rank of rl_training/runners/<script>; on `cpus` (one torch thread per core) when given."""
     cmd = torchrun_cmd(script, cfg, overrides)
     if not cpus:
         return sh(cmd)
     print(f"+ [cores {sorted(cpus)}]", " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus))}
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    subprocess.run(cmd, cwd=REPO, check=True, **pinned(cpus))
 
 
 def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:

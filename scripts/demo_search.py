@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from demo import sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
+from demo import pinned, sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
 
 
 def heldout_summary(model_path: Path, adapter: Path | None, cfg) -> tuple[dict, str]:
@@ -88,24 +88,12 @@ def sampled_em(metrics: Path, n: int = 3) -> dict:
     return {"first": sum(em[:n]) / len(em[:n]), "last": sum(em[-n:]) / len(em[-n:])}
 
 
-def sft_ranks(cfg: str, over: list[str]) -> None:
-    """The SFT runner as two ranks of one thread each (DDP over gloo; one rank where the machine has one core): the
-    same arithmetic on any machine with this torch, whatever its core count, so the same warm start; on 2 cores
-    about 0.6 of one rank's time (the tool demo's SFT: 448 -> 273 s)."""
-    cmd = torchrun_cmd("sft_runner.py", cfg, over, nproc=min(2, len(os.sched_getaffinity(0))))
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
-
-
 def sft_on_one_core(cfg: str, over: list[str], core: int) -> None:
     """The SFT runner as one rank pinned to one core (so one torch thread): the same arithmetic, hence the same
     warm start, on any machine with this torch. The search demo's stage 1 learns the copy only with this
-    arithmetic (docs/search.md: the step it is learned at depends on the data order; as two ranks, sft_ranks, it
-    was not learned in 450 steps, loss 0.21)."""
-    cmd = torchrun_cmd("sft_runner.py", cfg, over)
-    print(f"+ [core {core}]", " ".join(cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    arithmetic (docs/search.md: the step it is learned at depends on the data order; as two ranks,
+    demo_tools.sft_ranks, it was not learned in 450 steps, loss 0.21)."""
+    torchrun("sft_runner.py", cfg, over, cpus={core})
 
 
 def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> None:
@@ -117,18 +105,8 @@ def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> N
         cmd = torchrun_cmd("rl_runner.py", cfg, over)
         print(f"+ [core {core}]", " ".join(cmd), flush=True)
         log = tempfile.TemporaryFile("w+")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs[retriever] = (
-            subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=lambda c=core: os.sched_setaffinity(0, {c}),
-            ),
-            log,
-        )
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, **pinned({core}))
+        procs[retriever] = (proc, log)
     failed = []
     for retriever, (proc, log) in procs.items():
         proc.wait()
