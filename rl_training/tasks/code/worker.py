@@ -229,11 +229,12 @@ def candidate_main(fd, lim):
 
 
 # ------------------------------------------------------------------------------------------- the template
-def _kill_all(strict):
-    """SIGKILL every process of this sandbox but this one, until none is left, and reap them. Strict mode has
-    its own pid namespace, where kill(-1) reaches exactly the sandbox's processes (not pid 1, bwrap's
-    reaper); without one, the descendants are found through /proc (orphans come here: child subreaper)."""
-    me = os.getpid()
+def _kill_all(strict, watch=None):
+    """SIGKILL every process of this sandbox but this one, until none is left, and reap them; the wait status of
+    `watch` (a pid) if it was among them. Strict mode has its own pid namespace, where kill(-1) reaches exactly
+    the sandbox's processes (not pid 1, bwrap's reaper); without one, the descendants are found through /proc
+    (orphans come here: child subreaper)."""
+    me, watched = os.getpid(), None
     while True:
         targets = [-1] if strict else descendants(me)
         for pid in targets:
@@ -242,9 +243,11 @@ def _kill_all(strict):
             except ProcessLookupError:
                 pass
         try:
-            os.waitpid(-1, 0)  # one at a time, killing again in between: catches what forked meanwhile
+            pid, status = os.waitpid(-1, 0)  # one at a time, killing again in between: catches what forked meanwhile
         except ChildProcessError:
-            return
+            return watched
+        if pid == watch:
+            watched = status
 
 
 def _empty_dirs(roots):
@@ -286,6 +289,19 @@ def descendants(root):
     return out
 
 
+def _reap_status(child, status):
+    """The candidate's wait status as reaped by _kill_all, where it ended on its own: anything but the SIGKILL
+    that the reap itself sends (a kernel-sent SIGKILL, the hard CPU limit, reads the same and is dropped too).
+    A candidate killed by the filter (SIGSYS) or by SIGXCPU closes its job socket before it can be waited
+    for: read with WNOHANG as soon as the trusted side sees that, it was often still exiting (under load, 3
+    in 200). Once dying, its status is fixed, so the reap's own kill cannot replace it."""
+    if child is None or status is None:
+        return None
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return None
+    return status
+
+
 def template_main(ctl_fd, mode):
     import ctypes
 
@@ -299,7 +315,7 @@ def template_main(ctl_fd, mode):
     for mod in preload.split():
         __import__(mod)  # imported once here, so each forked candidate starts with them loaded
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=ctl_fd)
-    child = status = None
+    child = None
     while True:
         data, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 1)
         if not data:
@@ -315,16 +331,11 @@ def template_main(ctl_fd, mode):
                     os._exit(0)
             os.close(fds[0])
         elif msg["op"] == "reap":
-            if child is not None:
-                try:
-                    status = os.waitpid(child, os.WNOHANG)[1] or None
-                except ChildProcessError:
-                    status = None
-            _kill_all(mode == "strict")
+            status = _reap_status(child, _kill_all(mode == "strict", watch=child))
             if mode == "strict":
                 _empty_dirs(("/tmp", "/dev/shm"))  # the next program starts with nothing a previous one left
             ctl.send(json.dumps({"op": "reaped", "status": status}).encode())
-            child = status = None
+            child = None
         elif msg["op"] == "ping":
             ctl.send(b'{"op":"pong"}')
 
