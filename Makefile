@@ -37,11 +37,11 @@ demo-tools: setup
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
 
-# Every tier but stress and the demos (CI runs this, then test-stress and test-demos: .ci/run). The tiers are
-# folders: tests/unit/<package>/, tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell
-# scripts), tests/stress/ (`make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`).
-# scripts/run_tests.sh runs the unit tier (make test) or the one_core demos (make test-demos) on the last core beside
-# the rest where there are two or more cores.
+# Every tier but the demos (CI runs this, then test-demos: .ci/run). The tiers are folders: tests/unit/<package>/,
+# tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/stress/ (also alone:
+# `make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`). scripts/run_tests.sh runs
+# the integration tier in one lane and the unit (pinned to the last core), cluster and stress tiers in another
+# where there are two or more cores; for test-demos, the one_core demos on the last core beside the rest.
 test: setup
 	scripts/run_tests.sh
 
@@ -56,7 +56,8 @@ test-cluster: setup
 test-demos: setup
 	scripts/run_tests.sh demos
 
-# Repeated runs under load (20 two-rank runs that must all exit 0 on every rank): about 4 minutes.
+# Repeated runs under load (20 two-rank runs that must all exit 0 on every rank, two busy loops beside them):
+# about 4 minutes. make test runs them too, with the integration tier as their load.
 test-stress: setup
 	$(PY) -m pytest -q tests/stress
 

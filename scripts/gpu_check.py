@@ -246,7 +246,9 @@ def rl_rows(work: Path, cuda: bool, no_vllm: str = "") -> list[Row]:
         "run.name=check",
         f"rollout.backend={backend}",
         f"model.dtype={dtype}",
-        "vllm.enforce_eager=false",  # CUDA graphs on, as the recipes run
+        # CUDA graphs on, as the recipes run; on CPU (--run-on-cpu) eager: vLLM's CPU compile path is not what a GPU
+        # runs, and it cost 11 s or more at each of the two engine starts
+        f"vllm.enforce_eager={str(not cuda).lower()}",
         "vllm.sleep=true",
         "vllm.memory_fraction=0.3" if cuda else "vllm.memory_fraction=0.1",
         "optim.lr=1e-2",  # large steps: an engine left with old weights would miss the canary bound by far

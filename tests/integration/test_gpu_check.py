@@ -117,6 +117,7 @@ def test_rl_rows_run_for_real_on_cpu(tmp_path, capsys):
         assert " PASS " in result[check], result[check]
     assert "versions [2.0, 3.0, 4.0, 5.0]" in result["weights synced every step"]  # build + one sync per step
     assert " SKIP " in result["vLLM sleep frees memory"]
+    assert "  enforce_eager: true\n" in (tmp_path / "check" / "config.yaml").read_text()  # CUDA graphs only on a GPU
 
 
 def hide_vllm(tmp_path) -> dict:

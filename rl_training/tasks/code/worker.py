@@ -24,6 +24,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 MAX_DEPTH = 64  # nesting of encoded values; deeper is unencodable (and undecodable on the trusted side)
 _HDR = struct.Struct(">I")
@@ -289,15 +290,36 @@ def descendants(root):
     return out
 
 
-def _reap_status(child, status):
-    """The candidate's wait status as reaped by _kill_all, where it ended on its own: anything but the SIGKILL
-    that the reap itself sends (a kernel-sent SIGKILL, the hard CPU limit, reads the same and is dropped too).
-    A candidate killed by the filter (SIGSYS) or by SIGXCPU closes its job socket before it can be waited
-    for: read with WNOHANG as soon as the trusted side sees that, it was often still exiting (under load, 3
-    in 200). Once dying, its status is fixed, so the reap's own kill cannot replace it."""
-    if child is None or status is None:
+PF_EXITING = 0x4  # the task has begun to exit (include/linux/sched.h), the flags field of /proc/<pid>/stat
+EXIT_WAIT_S = 1.0
+
+
+def _own_end(child):
+    """The candidate's wait status if it has ended, or begun to end, on its own; else None. One killed by a
+    signal (the filter's SIGSYS, SIGXCPU, its own kill) closes its job socket before it can be waited for, so the
+    trusted side asks for the reap while it may still be exiting: read with WNOHANG then, its status was lost
+    under load (1-17 in 1000 calls). It is waited for while it exits (PF_EXITING), up to EXIT_WAIT_S: a main
+    thread that exits alone leaves the others running, and is then killed with the rest."""
+    if child is None:
         return None
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    try:
+        while True:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid:
+                return status
+            with open(f"/proc/{child}/stat") as fh:
+                flags = int(fh.read().rsplit(")", 1)[1].split()[6])
+            if not flags & PF_EXITING or time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+    except (ChildProcessError, OSError, ValueError, IndexError):
+        return None
+
+
+def _not_ours(status):
+    """A status _kill_all reaped, unless it is the SIGKILL the reap sends (a kernel SIGKILL reads the same)."""
+    if status is None or (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
         return None
     return status
 
@@ -331,7 +353,10 @@ def template_main(ctl_fd, mode):
                     os._exit(0)
             os.close(fds[0])
         elif msg["op"] == "reap":
-            status = _reap_status(child, _kill_all(mode == "strict", watch=child))
+            status = _own_end(child)
+            reaped = _kill_all(mode == "strict", watch=child)
+            if status is None:  # it ended on its own between the look and the kill: its status, not the kill's
+                status = _not_ours(reaped)
             if mode == "strict":
                 _empty_dirs(("/tmp", "/dev/shm"))  # the next program starts with nothing a previous one left
             ctl.send(json.dumps({"op": "reaped", "status": status}).encode())
