@@ -5,7 +5,7 @@
 # make test: the integration tier in the main lane. On average it keeps one of two cores busy (its runs wait on
 # rendezvous, engine starts, timeouts and uploads), so the side lane runs, one after the other: the unit tier
 # pinned to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone,
-# shell scripts; ~4 minutes) and the stress tier with the integration tier beside it as its load
+# shell scripts; ~5 minutes) and the stress tier with the integration tier beside it as its load
 # (RL_STRESS_BURNERS=0: tests/stress). The side lane ends well before the main lane.
 # make test-demos: the demos marked one_core (reverse and code, ~5 minutes on one core) run on the last core while
 # the search demo's SFT stages hold the first (one rank, one thread: its warm start depends on that arithmetic,
@@ -19,10 +19,11 @@ PY=${PY:-.venv/bin/python}
 last_core=$("$PY" -c 'import os; c = sorted(os.sched_getaffinity(0)); print(c[-1] if len(c) > 1 else "")')
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-pytest_in() {  # pytest_in NAME ARGS...: a pytest with a temporary directory of its own
-  local name=$1
+pytest_in() {  # [PIN=1] pytest_in NAME ARGS...: a pytest with a temporary directory of its own (PIN: on the last core)
+  local name=$1 pin=()
   shift
-  "$PY" -m pytest -q -p no:cacheprovider --basetemp="$work/$name" "$@"
+  [ -z "${PIN:-}" ] || pin=(taskset -c "$last_core")
+  "${pin[@]}" "$PY" -m pytest -q -p no:cacheprovider --basetemp="$work/$name" "$@"
 }
 
 if [ "${1:-}" = demos ]; then
@@ -30,8 +31,7 @@ if [ "${1:-}" = demos ]; then
     exec "$PY" -m pytest -q --durations=0 tests/demos
   fi
   main() { "$PY" -m pytest -q -m "not one_core" --durations=0 tests/demos; }  # search first: tests/demos/conftest.py
-  side() { taskset -c "$last_core" "$PY" -m pytest -q -p no:cacheprovider --basetemp="$work/side" -m one_core \
-    --durations=0 tests/demos; }
+  side() { PIN=1 pytest_in side -m one_core --durations=0 tests/demos; }
 else
   if [ -z "$last_core" ]; then
     "$PY" -m pytest -q --durations=30 tests/unit tests/integration tests/cluster || exit $?
@@ -40,11 +40,16 @@ else
   main() { "$PY" -m pytest -q --durations=30 tests/integration; }
   side() {
     local status=0 rc
-    taskset -c "$last_core" "$PY" -m pytest -q -p no:cacheprovider --basetemp="$work/unit" --durations=10 tests/unit \
-      || status=$?
-    pytest_in cluster --durations=10 tests/cluster || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
-    RL_STRESS_BURNERS=0 pytest_in stress -rA tests/stress || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
-    return "$status"  # the first failure's
+    for tier in unit cluster stress; do
+      case $tier in
+        unit) PIN=1 pytest_in unit --durations=10 tests/unit ;;
+        cluster) pytest_in cluster --durations=10 tests/cluster ;;
+        stress) RL_STRESS_BURNERS=0 pytest_in stress -rA tests/stress ;;
+      esac
+      rc=$?
+      [ "$status" -ne 0 ] || status=$rc  # the first failure's; the tiers after it still run
+    done
+    return "$status"
   }
 fi
 
