@@ -6,7 +6,8 @@
 # rendezvous, engine starts, timeouts and uploads), so the side lane runs, one after the other: the unit tier
 # pinned to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone,
 # shell scripts; ~5 minutes) and the stress tier with the integration tier beside it as its load
-# (RL_STRESS_BURNERS=0: tests/stress). The side lane ends well before the main lane.
+# (RL_STRESS_BURNERS=0: tests/stress), then the integration tier's modules from the last, the ones the main lane
+# has not reached (tests/lanes.py: each module runs once, in whichever lane takes it first).
 # make test-demos: the demos marked one_core (reverse and code, ~5 minutes on one core) run on the last core while
 # the search demo's SFT stages hold the first (one rank, one thread: its warm start depends on that arithmetic,
 # docs/search.md); then the other demos, one after the other.
@@ -37,14 +38,20 @@ else
     "$PY" -m pytest -q --durations=30 tests/unit tests/integration tests/cluster || exit $?
     exec "$PY" -m pytest -q -p no:cacheprovider tests/stress
   fi
-  main() { "$PY" -m pytest -q --durations=30 tests/integration; }
+  export RL_TEST_CLAIMS="$work/claims"  # the integration tier's modules, shared by the lanes: tests/lanes.py
+  # One torch thread per process (rl_training/runtime/seeding.py): with the other lane on a core, a second thread
+  # spins at every op's barrier; a test of in-process runs took 67 s instead of 11 beside a two-thread load.
+  export RL_CPU_THREADS=1
+  mkdir "$RL_TEST_CLAIMS"
+  main() { "$PY" -m pytest -q -p tests.lanes --durations=30 tests/integration; }
   side() {
     local status=0 rc
-    for tier in unit cluster stress; do
+    for tier in unit cluster stress integration; do
       case $tier in
         unit) PIN=1 pytest_in unit --durations=10 tests/unit ;;
         cluster) pytest_in cluster --durations=10 tests/cluster ;;
         stress) RL_STRESS_BURNERS=0 pytest_in stress -rA tests/stress ;;
+        integration) RL_TEST_LANE=side pytest_in integration -p tests.lanes --durations=10 tests/integration ;;
       esac
       rc=$?
       [ "$status" -ne 0 ] || status=$rc  # the first failure's; the tiers after it still run
@@ -62,7 +69,7 @@ echo "== main lane: exit $main_status after $((SECONDS - t0)) s =="
 wait "$side_pid"
 side_status=$?
 echo
-echo "== side lane (ran alongside; the unit tier or the one-core demos on core $last_core): exit $side_status =="
+echo "== side lane (ran alongside the main lane; its pinned runs on core $last_core): exit $side_status =="
 cat "$work/side.log"
 [ "$side_status" -eq 0 ] || exit "$side_status"
 exit "$main_status"

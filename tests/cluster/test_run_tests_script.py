@@ -15,14 +15,16 @@ FAKE_PY = r"""#!/usr/bin/env bash
 # The affinity query (-c ...) answers $FAKE_LAST_CORE; a pytest run is logged with its load and affinity, and
 # fails (exit 3) when its arguments contain $FAKE_FAIL.
 if [ "$1" = -c ]; then echo "$FAKE_LAST_CORE"; exit 0; fi
-echo "$* | burners=${RL_STRESS_BURNERS:-unset} | cpus=$(taskset -pc $$ | sed 's/.*: //')" >> "$FAKE_LOG"
+echo "$* | burners=${RL_STRESS_BURNERS:-unset} | lane=${RL_TEST_LANE:-main} | claims=${RL_TEST_CLAIMS:-unset}\
+ | threads=${RL_CPU_THREADS:-unset} | cpus=$(taskset -pc $$ | sed 's/.*: //')" >> "$FAKE_LOG"
 if [ -n "${FAKE_FAIL:-}" ]; then case "$*" in *"$FAKE_FAIL"*) exit 3 ;; esac; fi
 exit 0
 """
 
 
 def run_lanes(tmp_path, last_core: str, fail: str = "", *args: str) -> tuple[int, dict[str, str]]:
-    """The script's exit status and, per tier folder, the line its pytest logged."""
+    """The script's exit status and, per tier folder (the side lane's share of the integration tier as
+    'tests/integration side'), the line its pytest logged."""
     py = tmp_path / "python"
     py.write_text(FAKE_PY)
     py.chmod(0o755)
@@ -34,7 +36,7 @@ def run_lanes(tmp_path, last_core: str, fail: str = "", *args: str) -> tuple[int
     runs = {}
     for line in log.read_text().splitlines():
         tiers = " ".join(w for w in line.split(" | ")[0].split() if w.startswith("tests/"))
-        runs[tiers] = line
+        runs[tiers + (" side" if "lane=side" in line else "")] = line
     return r.returncode, runs
 
 
@@ -55,19 +57,27 @@ def last_core() -> str:
 def test_make_test_lanes(tmp_path, last_core):
     status, runs = run_lanes(tmp_path, last_core)
     assert status == 0
-    assert set(runs) == {"tests/integration", "tests/unit", "tests/cluster", "tests/stress"}
+    assert set(runs) == {"tests/integration", "tests/unit", "tests/cluster", "tests/stress", "tests/integration side"}
     assert runs["tests/unit"].endswith(f"cpus={last_core}")  # the unit tier on the last core
-    for tier in ("tests/integration", "tests/cluster", "tests/stress"):  # the others on every core
+    for tier in ("tests/integration", "tests/cluster", "tests/stress", "tests/integration side"):  # the others: all
         assert runs[tier].endswith(f"cpus={all_cpus()}"), runs[tier]
     assert "burners=0" in runs["tests/stress"]  # its load is the integration tier beside it
     assert "burners=unset" in runs["tests/integration"]
+    # The integration tier in both lanes, sharing its modules through one claims directory (tests/lanes.py); the
+    # side lane's share after its own tiers; one torch thread per process in every run.
+    main, side = runs["tests/integration"], runs["tests/integration side"]
+    claims = main.split("claims=")[1].split(" |")[0]
+    assert claims != "unset" and f"claims={claims} " in side and "-p tests.lanes" in main and "-p tests.lanes" in side
+    assert [k for k in runs if k != "tests/integration"] == ["tests/unit", "tests/cluster", "tests/stress",
+                                                            "tests/integration side"]  # fmt: skip  # log order
+    assert all("threads=1 " in line for line in runs.values())
 
 
 @pytest.mark.parametrize("fail", ["tests/integration", "tests/unit", "tests/cluster", "tests/stress"])
 def test_a_failure_in_either_lane_fails_the_script_and_the_rest_still_runs(tmp_path, last_core, fail):
     status, runs = run_lanes(tmp_path, last_core, fail)
     assert status == 3
-    assert len(runs) == 4  # a failed tier does not stop the tiers after it
+    assert len(runs) == 5  # a failed tier does not stop the tiers after it
 
 
 def test_one_core_runs_every_tier_in_one_lane_and_stress_with_its_own_load(tmp_path):
