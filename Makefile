@@ -41,7 +41,8 @@ bench-multiturn: setup
 # tests/integration/, tests/cluster/ (a real local Slurm, rclone, the shell scripts), tests/stress/ (also alone:
 # `make test-stress`), tests/demos/ (the learning demos, minutes each: `make test-demos`). scripts/run_tests.sh runs
 # the integration tier in one lane and the unit (pinned to the last core), cluster and stress tiers in another
-# where there are two or more cores; for test-demos, the one_core demos on the last core beside the rest.
+# where there are two or more cores, which then shares the integration tier's modules (tests/lanes.py), one torch
+# thread per process (RL_CPU_THREADS=1); for test-demos, the one_core demos on the last core beside the rest.
 test: setup
 	scripts/run_tests.sh
 
