@@ -2,12 +2,11 @@
 # `make test` and `make test-demos`, in two lanes where the machine has two or more cores:
 #   scripts/run_tests.sh          the unit, integration, cluster and stress tiers (make test)
 #   scripts/run_tests.sh demos    the learning demos (make test-demos)
-# make test: the integration tier in the main lane. On average it keeps one of two cores busy (its runs wait on
-# rendezvous, engine starts, timeouts and uploads), so the side lane runs, one after the other: the unit tier
-# pinned to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone,
-# shell scripts; ~5 minutes) and the stress tier with the integration tier beside it as its load
-# (RL_STRESS_BURNERS=0: tests/stress), then the integration tier's modules from the last, the ones the main lane
-# has not reached (tests/lanes.py: each module runs once, in whichever lane takes it first).
+# make test: the integration tier in the main lane. The side lane runs, one after the other: the unit tier pinned
+# to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone, shell
+# scripts; ~3.5 minutes), the stress tier with the integration tier beside it as its load (RL_STRESS_BURNERS=0:
+# tests/stress), then the integration tier's modules from the last, the ones the main lane has not reached
+# (tests/lanes.py: each module runs once, in whichever lane takes it first). ~18 minutes in all on 2 cores.
 # make test-demos: the demos marked one_core (reverse and code, ~5 minutes on one core) run on the last core while
 # the search demo's SFT stages hold the first (one rank, one thread: its warm start depends on that arithmetic,
 # docs/search.md); then the other demos, one after the other.
