@@ -17,6 +17,10 @@ import pytest
 MAIN_ONLY_FIXTURES = {"server"}  # a session fixture that would start a second vLLM server in the other lane
 
 
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
 class Lanes:
     def __init__(self, claims: Path, side: bool):
         self.claims, self.side = claims, side
@@ -24,7 +28,7 @@ class Lanes:
         self.main_only: set[str] = set()
 
     def mine(self, item: pytest.Item) -> bool:
-        module = item.nodeid.split("::")[0]
+        module = module_of(item)
         if module not in self.decided:
             if self.side and module in self.main_only:
                 self.decided[module] = False
@@ -41,11 +45,11 @@ class Lanes:
     def pytest_collection_modifyitems(self, items):
         for i in items:
             if MAIN_ONLY_FIXTURES & set(getattr(i, "fixturenames", ())):
-                self.main_only.add(i.nodeid.split("::")[0])
+                self.main_only.add(module_of(i))
         if self.side:  # the modules from the last, each one's tests in their own order
-            order = list(dict.fromkeys(i.nodeid.split("::")[0] for i in items))[::-1]
+            order = list(dict.fromkeys(map(module_of, items)))[::-1]
             rank = {m: k for k, m in enumerate(order)}
-            items.sort(key=lambda i: rank[i.nodeid.split("::")[0]])  # stable: a module's order is kept
+            items.sort(key=lambda i: rank[module_of(i)])  # stable: a module's order is kept
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):

@@ -13,7 +13,7 @@ from tests.helpers import REPO
 
 MODULE = """import os, time
 def test_a({fixture}):
-    time.sleep({pause})
+    time.sleep(0.3)
     with open(os.environ["RAN_LOG"], "a") as f:
         f.write(os.environ.get("RL_TEST_LANE", "main") + " " + __name__ + " a\\n")
 def test_b():
@@ -30,7 +30,7 @@ def suite(tmp_path):
     d.mkdir()
     (d / "conftest.py").write_text(CONFTEST)
     for k in range(5):
-        (d / f"test_m{k}.py").write_text(MODULE.format(fixture="server" if k == 3 else "", pause=0.3))
+        (d / f"test_m{k}.py").write_text(MODULE.format(fixture="server" if k == 3 else ""))
     return d
 
 
