@@ -424,7 +424,11 @@ class EvalCfg:
 class SftCfg:
     steps: int = _f(200, "SFT optimizer steps.", ge=1)
     batch_size: int = _f(32, "Prompt/answer pairs per step, summed over ranks.", ge=1)
-    lr: float = _f(1e-3, "SFT learning rate (AdamW; after warmup, sft.schedule).", gt=0)
+    lr: float = _f(
+        1e-3,
+        "SFT peak learning rate (AdamW with optim's betas, eps, weight decay and clipping; warmup, then sft.schedule).",
+        gt=0,
+    )
     warmup_steps: int = _f(10, "SFT linear warmup steps.", ge=0)
     schedule: Literal["constant", "cosine", "linear"] = _f("cosine", "SFT LR schedule after warmup.")
     full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")

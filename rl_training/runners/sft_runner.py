@@ -102,17 +102,9 @@ def sft(cfg, info) -> None:
         model = apply_lora(model, cfg.lora)
     autocast = torch.autocast(info.device.type, dtype=DTYPES[cfg.model.dtype]) if mixed else nullcontext()
     params = trainable_parameters(model)
-    optimizer, scheduler = build_optimizer(
-        params,
-        cfg.optim.__class__(
-            lr=s.lr,
-            warmup_steps=s.warmup_steps,
-            schedule=s.schedule,
-            weight_decay=cfg.optim.weight_decay,
-            max_grad_norm=cfg.optim.max_grad_norm,
-        ),
-        s.steps,
-    )
+    # SFT's own lr, warm-up and schedule; weight decay and clipping as in RL's optim section
+    sft_optim = dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps, schedule=s.schedule)
+    optimizer, scheduler = build_optimizer(params, sft_optim, s.steps)
     examples = load_examples(cfg.data.train, task.parse, limit=s.max_examples)
     pairs = encode_pairs(examples, cfg.data, tokenizer, task)
     if s.gold_episodes:  # multi-turn: the gold episodes replace the prompt/answer pairs

@@ -161,3 +161,24 @@ def test_sft_schedule(tiny_model, reverse_data, tmp_path, schedule, expected):
     assert sft_runner.main([*base, f"sft.schedule={schedule}"]) == 0
     lines = (tmp_path / "s" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["sft/lr"] for x in lines] == pytest.approx([1e-3 * e for e in expected])
+
+
+def test_sft_adamw_takes_the_optim_sections_betas_and_eps(tiny_model, reverse_data, tmp_path):
+    """SFT's AdamW is RL's (optim.beta1/beta2/eps/weight_decay, clipping) with sft.lr and its schedule. After one
+    step from zero moments, AdamW moves each weight by lr * g / (|g| + eps) (bias correction cancels the betas):
+    with eps 1e-8 that is lr (1e-3) for every weight with a gradient; with optim.eps=1e3 and the gradient clipped
+    to norm 1 (|g| <= 1) it is at most lr / 1e3 = 1e-6."""
+    from safetensors.torch import load_file
+
+    base = ["--cfg", SFT_CFG, f"model.name_or_path={tiny_model}", f"data.train={reverse_data / 'train.jsonl'}"]
+    base += [f"run.output_dir={tmp_path}", "sft.warmup_steps=0", "sft.steps=1", "sft.lr=1e-3", "sft.schedule=constant"]
+    assert sft_runner.main([*base, "run.name=default", "optim.weight_decay=0", "optim.max_grad_norm=1"]) == 0
+    assert sft_runner.main([*base, "run.name=eps", "optim.eps=1e3", "optim.max_grad_norm=1"]) == 0
+    start = load_file(tiny_model / "model.safetensors")
+
+    def max_move(run: str) -> float:
+        final = load_file(tmp_path / run / "final_model" / "model.safetensors")
+        return max((final[k] - start[k]).abs().max().item() for k in start)
+
+    assert max_move("default") == pytest.approx(1e-3, rel=1e-3)
+    assert 0 < max_move("eps") <= 1e-6
