@@ -101,6 +101,34 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
     }
 
 
+def print_table(task: str, rl_cfg, before: dict, after: dict) -> None:
+    """The held-out before/after table and a few greedy completions after RL."""
+    rows = [
+        ("held-out mean reward (greedy)", "greedy_reward"),
+        ("held-out accuracy (greedy)", "greedy_accuracy"),
+        (f"held-out mean reward (sampled, T={rl_cfg.rollout.temperature})", "sampled_reward"),
+        ("held-out accuracy (sampled)", "sampled_accuracy"),
+        ("format rate (greedy)", "format_rate"),
+    ]
+    if task == "code":  # the reward is the binary all-tests pass, so reward and accuracy are one number
+        rows = [
+            ("held-out pass rate (greedy)", "greedy_accuracy"),
+            (f"held-out pass@1 (4 samples, T={rl_cfg.rollout.temperature})", "sampled_accuracy"),
+            ("format rate (greedy)", "format_rate"),
+        ]
+    print(
+        f"\n== Embedded demo: {rl_cfg.eval.num_prompts} held-out prompts never seen in training "
+        f"(rollout backend: {rl_cfg.rollout.backend}, max_async_level {rl_cfg.rollout.max_async_level}) =="
+    )
+    print(f"{'metric':<44}{'SFT start':>11}{'after RL':>11}{'change':>10}")
+    for label, key in rows:
+        print(f"{label:<44}{before[key]:>11.3f}{after[key]:>11.3f}{after[key] - before[key]:>+10.3f}")
+    print("\nexamples (question -> greedy completion after RL):")
+    for q, c, ref in after["examples"]:
+        shown_q = " ".join(q.split("\n")[1:-1]).replace("    # ", "") if task == "code" else q
+        print(f"  {shown_q!r:>12} -> {c!r:<12}" + ("" if task == "code" else f" (reference {ref!r})"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(DEMOS), default="reverse", help="which demo (configs and data)")
@@ -165,30 +193,7 @@ def main() -> int:
     after = heldout_scores(REPO / sft_dir / "final_model", final, rl_cfg)
     t_eval = time.time()
 
-    rows = [
-        ("held-out mean reward (greedy)", "greedy_reward"),
-        ("held-out accuracy (greedy)", "greedy_accuracy"),
-        (f"held-out mean reward (sampled, T={rl_cfg.rollout.temperature})", "sampled_reward"),
-        ("held-out accuracy (sampled)", "sampled_accuracy"),
-        ("format rate (greedy)", "format_rate"),
-    ]
-    if a.task == "code":  # the reward is the binary all-tests pass, so reward and accuracy are one number
-        rows = [
-            ("held-out pass rate (greedy)", "greedy_accuracy"),
-            (f"held-out pass@1 (4 samples, T={rl_cfg.rollout.temperature})", "sampled_accuracy"),
-            ("format rate (greedy)", "format_rate"),
-        ]
-    print(
-        f"\n== Embedded demo: {rl_cfg.eval.num_prompts} held-out prompts never seen in training "
-        f"(rollout backend: {rl_cfg.rollout.backend}, max_async_level {rl_cfg.rollout.max_async_level}) =="
-    )
-    print(f"{'metric':<44}{'SFT start':>11}{'after RL':>11}{'change':>10}")
-    for label, key in rows:
-        print(f"{label:<44}{before[key]:>11.3f}{after[key]:>11.3f}{after[key] - before[key]:>+10.3f}")
-    print("\nexamples (question -> greedy completion after RL):")
-    for q, c, ref in after["examples"]:
-        shown_q = " ".join(q.split("\n")[1:-1]).replace("    # ", "") if a.task == "code" else q
-        print(f"  {shown_q!r:>12} -> {c!r:<12}" + ("" if a.task == "code" else f" (reference {ref!r})"))
+    print_table(a.task, rl_cfg, before, after)
     times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": t_eval - t_rl, "total_s": t_eval - t0}
     print("\ntimes: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     shown = rl_dir.relative_to(REPO) if rl_dir.is_relative_to(REPO) else rl_dir

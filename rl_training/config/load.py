@@ -301,45 +301,52 @@ def load_config(
     `training=False` skips the combinations refused only for training (evals read saved configs of runs made
     before a refusal existed; the policy they hold is evaluated the same way).
     """
-    tree: dict = {}
-    where = ""
-    lines: dict[str, int] = {}
-    if path is not None:
-        where = f"{path}: "
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-            tree = load_yaml(text)
-            lines = _key_lines(text)
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start]:#04x})") from None
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark else ""
-            if isinstance(e, DuplicateKeyError):
-                raise ConfigError(f"{path}{line}: {e.problem}; PyYAML would silently keep the last one") from None
-            raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
-        if tree is None:  # an empty file (or one of comments) would silently train on every default
-            raise ConfigError(f"{path}: the file is empty (no sections); it would silently train on every default")
-        if not isinstance(tree, dict):
-            raise ConfigError(
-                f"{path}: the top level must be a mapping of sections (run:, model:, ...), "
-                f"got a YAML {type(tree).__name__}"
-            )
-        legacy_format(tree, where)
-        for key in required:
-            node: Any = tree
-            for part in key.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            if node is None:
-                raise ConfigError(f"{path}: no {key} (the file must set it; defaults are not assumed)")
+    tree, lines = _read_file(path, required) if path is not None else ({}, {})
+    where = f"{path}: " if path is not None else ""
     tree = apply_overrides(tree, overrides or [])
     for ov in overrides or []:  # an overridden value did not come from its line in the file
         lines.pop(ov.split("=", 1)[0], None)
     cfg = _build(Config, tree, "", where, lines)
+    check_combinations(cfg, where, training)
+    return cfg
+
+
+def _read_file(path: str | os.PathLike, required: Sequence[str]) -> tuple[dict, dict[str, int]]:
+    """The file's tree of sections and each key's line; every way it can be unreadable is one line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        tree = load_yaml(text)
+        lines = _key_lines(text)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start]:#04x})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        if isinstance(e, DuplicateKeyError):
+            raise ConfigError(f"{path}{line}: {e.problem}; PyYAML would silently keep the last one") from None
+        raise ConfigError(f"{path}{line}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    if tree is None:  # an empty file (or one of comments) would silently train on every default
+        raise ConfigError(f"{path}: the file is empty (no sections); it would silently train on every default")
+    if not isinstance(tree, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (run:, model:, ...), got a YAML {type(tree).__name__}"
+        )
+    legacy_format(tree, f"{path}: ")
+    for key in required:
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            raise ConfigError(f"{path}: no {key} (the file must set it; defaults are not assumed)")
+    return tree, lines
+
+
+def check_combinations(cfg: Config, where: str = "", training: bool = True) -> None:
+    """Values each valid alone but wrong together (or wrong for training): one line naming both keys."""
     check_run_name(cfg.run.name, where)
     try:
         parse_keep_best(cfg.ckpt.keep_best, cfg.eval.every)
@@ -349,17 +356,7 @@ def load_config(
         raise ConfigError(f"{where}ckpt.resume={cfg.ckpt.resume!r}: no such checkpoint directory")
     if training:
         check_trainable_dtype(cfg)
-    if training and cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
-        raise ConfigError(
-            f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
-            "group still has a KL gradient, which dropping it would silently remove; set one of them off"
-        )
-    if training and cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
-        raise ConfigError(
-            f"{where}loss.tis_cap={cfg.loss.tis_cap} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
-            "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
-            "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
-        )
+        check_training_losses(cfg, where)
     check_async(cfg, where, training)
     if training:
         check_vllm_sleep(cfg, where)
@@ -394,7 +391,20 @@ def load_config(
         )
     check_sync_target(cfg.sync.remote, cfg.sync.bucket, cfg.sync.path, where)
     check_multiturn(cfg, where)
-    return cfg
+
+
+def check_training_losses(cfg: Config, where: str = "") -> None:
+    if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
+        raise ConfigError(
+            f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
+            "group still has a KL gradient, which dropping it would silently remove; set one of them off"
+        )
+    if cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
+        raise ConfigError(
+            f"{where}loss.tis_cap={cfg.loss.tis_cap} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
+            "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
+            "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
+        )
 
 
 def check_multiturn(cfg: Config, where: str = "") -> None:

@@ -36,6 +36,41 @@ def peak_memory() -> dict[str, float]:
     return out
 
 
+def _rank_sums(
+    rollouts: Rollouts, scores: Scores, advantages: torch.Tensor, group_size: int, stats: TrainStats
+) -> dict[str, float]:
+    """This rank's additive counts and sums of the step (reduced over ranks by step_metrics)."""
+    r = torch.tensor(scores.rewards, dtype=torch.float64)
+    zero_adv = zero_adv_groups(advantages, group_size)
+    return {
+        "n": len(r),
+        "r": r.sum().item(),
+        "r2": (r * r).sum().item(),
+        "correct": sum(scores.correct),
+        "formatted": sum(scores.formatted),
+        "len": sum(len(c) for c in rollouts.completion_ids),
+        "trunc": sum(rollouts.truncated),
+        "zero_adv": zero_adv.sum().item(),
+        "groups": zero_adv.numel(),
+        "errors": scores.errors,
+        "timeouts": scores.timeouts,
+        "invalid": scores.invalid,
+        "loss": stats.loss,
+        "pg_loss": stats.pg_loss,
+        "kl": stats.kl_sum,
+        "clipped": stats.clipped_tokens,
+        "tokens": stats.tokens,
+        "entropy": stats.entropy_sum,
+        "logp_diff": stats.logp_absdiff_sum,
+        "grad_norm": stats.grad_norm,
+        "is_ratio": stats.is_ratio_sum,
+        "is_trunc": stats.is_truncated,
+        # the task's own reward parts and counters (the same names on every rank: Task.part_names)
+        **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
+        **{f"count_{k}": v for k, v in scores.counts.items()},
+    }
+
+
 def step_metrics(
     rollouts: Rollouts,
     scores: Scores,
@@ -47,39 +82,8 @@ def step_metrics(
     device: torch.device,
 ) -> dict[str, float]:
     """Collective (every rank calls it). Returns the global metrics of one step."""
-    r = torch.tensor(scores.rewards, dtype=torch.float64)
     lengths = [len(c) for c in rollouts.completion_ids]
-    zero_adv = zero_adv_groups(advantages, group_size)
-    sums = dist.reduce_sums(
-        {
-            "n": len(r),
-            "r": r.sum().item(),
-            "r2": (r * r).sum().item(),
-            "correct": sum(scores.correct),
-            "formatted": sum(scores.formatted),
-            "len": sum(lengths),
-            "trunc": sum(rollouts.truncated),
-            "zero_adv": zero_adv.sum().item(),
-            "groups": zero_adv.numel(),
-            "errors": scores.errors,
-            "timeouts": scores.timeouts,
-            "invalid": scores.invalid,
-            "loss": stats.loss,
-            "pg_loss": stats.pg_loss,
-            "kl": stats.kl_sum,
-            "clipped": stats.clipped_tokens,
-            "tokens": stats.tokens,
-            "entropy": stats.entropy_sum,
-            "logp_diff": stats.logp_absdiff_sum,
-            "grad_norm": stats.grad_norm,
-            "is_ratio": stats.is_ratio_sum,
-            "is_trunc": stats.is_truncated,
-            # the task's own reward parts and counters (the same names on every rank: Task.part_names)
-            **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
-            **{f"count_{k}": v for k, v in scores.counts.items()},
-        },
-        device,
-    )
+    sums = dist.reduce_sums(_rank_sums(rollouts, scores, advantages, group_size, stats), device)
     maxes = dist.reduce_max(
         {
             "len_max": max(lengths),
