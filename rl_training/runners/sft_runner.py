@@ -27,7 +27,7 @@ import torch
 from rl_training.base import dist
 from rl_training.config.load import to_yaml
 from rl_training.config.resolve import resolve
-from rl_training.config.schema import ConfigError
+from rl_training.config.schema import ConfigError, OptimCfg
 from rl_training.data.gold import encode_gold_episodes
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
@@ -76,6 +76,19 @@ def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
+
+
+def check_sft_optim(cfg) -> None:
+    """optim.lr, optim.warmup_steps and optim.schedule are RL's: SFT has its own (sft.*), so a value set there
+    would silently do nothing."""
+    defaults = OptimCfg()
+    for key in ("lr", "warmup_steps", "schedule"):
+        value = getattr(cfg.optim, key)
+        if value != getattr(defaults, key):
+            raise ConfigError(
+                f"optim.{key}={value} is not used by SFT (its own is sft.{key}={getattr(cfg.sft, key)}); "
+                f"set sft.{key} instead"
+            )
 
 
 def sft(cfg, info) -> None:
@@ -156,7 +169,12 @@ def sft(cfg, info) -> None:
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
     # never a silent CPU run on a GPU node (require_working_cuda), then the run directory's lock, before any write
-    return run_cli(__doc__, locked(sft, "SFT run", before=require_working_cuda), argv)
+    return run_cli(__doc__, locked(sft, "SFT run", before=before_the_lock), argv)
+
+
+def before_the_lock(cfg) -> None:
+    check_sft_optim(cfg)
+    require_working_cuda()
 
 
 if __name__ == "__main__":

@@ -182,3 +182,15 @@ def test_sft_adamw_takes_the_optim_sections_betas_and_eps(tiny_model, reverse_da
 
     assert max_move("default") == pytest.approx(1e-3, rel=1e-3)
     assert 0 < max_move("eps") <= 1e-6
+
+
+@pytest.mark.parametrize(("key", "value"), [("lr", "1e-5"), ("warmup_steps", "7"), ("schedule", "cosine")])
+def test_sft_refuses_the_rl_learning_rate_keys_it_would_ignore(tiny_model, reverse_data, tmp_path, capsys, key, value):
+    """optim.lr / warmup_steps / schedule set in an SFT config would do nothing (SFT's are sft.*): one line, exit 2,
+    before any model loads or any file is written."""
+    base = ["--cfg", SFT_CFG, f"model.name_or_path={tiny_model}", f"data.train={reverse_data / 'train.jsonl'}"]
+    base += [f"run.output_dir={tmp_path}", "run.name=s"]
+    assert sft_runner.main([*base, f"optim.{key}={value}"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: optim.{key}=") and f"set sft.{key} instead" in err[0], err
+    assert not (tmp_path / "s").exists()
