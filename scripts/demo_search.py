@@ -150,10 +150,10 @@ def main() -> int:
     stamp = time.strftime("%Y%m%d_%H%M%S")
     data = f"data/search{a.hops}"
     files = [f"data.train={data}/train.jsonl", f"data.eval={data}/heldout.jsonl", f"search.corpus={data}/corpus.jsonl"]
-    if a.hops == 2:
-        files += ["multiturn.max_turns=4"]
+    if a.hops == 2:  # gold: 3 turns, up to 283 tokens after the prompt (topk 1); 256 cut the answer turn
+        files += ["multiturn.max_turns=4", "multiturn.max_response_tokens=320"]
     out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
-    sft_over = [f"run.name=search_{stamp}_sft", *out, *files[:3], f"sft.gold_episodes={data}/gold_train.jsonl"]
+    sft_over = [f"run.name=search_{stamp}_sft", *out, *files, f"sft.gold_episodes={data}/gold_train.jsonl"]
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not (REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
@@ -164,7 +164,7 @@ def main() -> int:
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
     cores = sorted(os.sched_getaffinity(0))
     sft_on_one_core(a.sft_cfg, sft_over, cores[0])
-    start_over = [f"run.name=search_{stamp}_start", *out, *files[:3], f"model.name_or_path={sft_dir / 'final_model'}"]
+    start_over = [f"run.name=search_{stamp}_start", *out, *files, f"model.name_or_path={sft_dir / 'final_model'}"]
     start_over += [f"sft.gold_episodes={data}/gold_train_mix.jsonl"]
     start_dir = Path(sft_cfg.run.output_dir) / f"search_{stamp}_start"
     sft_on_one_core(a.start_cfg, start_over, cores[0])

@@ -38,6 +38,7 @@ from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
 from rl_training.runtime.platform_check import require_working_cuda
 from rl_training.runtime.seeding import seed_all, set_cpu_threads
+from rl_training.tasks.base import Environment
 from rl_training.tasks.build import build_task
 from rl_training.train.optimizer import build_optimizer
 from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
@@ -107,6 +108,12 @@ def sft(cfg, info) -> None:
     set_cpu_threads()
     seed_all(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    # the data before the model: a bad record or episode is one line without the wait
+    examples = load_examples(cfg.data.train, task.parse, limit=s.max_examples)
+    pairs = encode_pairs(examples, cfg.data, tokenizer, task)
+    if s.gold_episodes:  # multi-turn: the gold episodes replace the prompt/answer pairs
+        limits = cfg.multiturn if isinstance(task, Environment) else None  # what RL's episodes can hold
+        pairs = encode_gold_episodes(s.gold_episodes, cfg.data, tokenizer, task, s.max_examples, limits)
     # Low-precision full fine-tunes keep fp32 master weights and compute under autocast (module docstring).
     # LoRA needs neither: peft keeps the adapter in fp32 over a bf16 base (autocast_adapter_dtype).
     mixed = s.full_finetune and cfg.model.dtype != "float32"
@@ -118,10 +125,6 @@ def sft(cfg, info) -> None:
     # SFT's own lr, warm-up and schedule; weight decay and clipping as in RL's optim section
     sft_optim = dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps, schedule=s.schedule)
     optimizer, scheduler = build_optimizer(params, sft_optim, s.steps)
-    examples = load_examples(cfg.data.train, task.parse, limit=s.max_examples)
-    pairs = encode_pairs(examples, cfg.data, tokenizer, task)
-    if s.gold_episodes:  # multi-turn: the gold episodes replace the prompt/answer pairs
-        pairs = encode_gold_episodes(s.gold_episodes, cfg.data, tokenizer, task, limit=s.max_examples)
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))

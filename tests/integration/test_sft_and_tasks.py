@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rl_training.runners import rl_runner, sft_runner
-from tests.helpers import SFT_CFG, TESTCFG
+from tests.helpers import REPO, SFT_CFG, TESTCFG
 
 
 def test_lora_sft_writes_a_merged_model_the_rl_runner_starts_from(tiny_model, reverse_data, tmp_path):
@@ -194,3 +194,27 @@ def test_sft_refuses_the_rl_learning_rate_keys_it_would_ignore(tiny_model, rever
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: optim.{key}=") and f"set sft.{key} instead" in err[0], err
     assert not (tmp_path / "s").exists()
+
+
+def test_sft_refuses_gold_episodes_past_the_configs_episode_limits(tiny_model, tmp_path, capsys):
+    """The runner checks an environment's gold episodes against multiturn.*: the synthetic search episodes
+    (search, read, answer: two turns) under multiturn.max_turns=1 stop the run with one line, before the model
+    loads; with max_turns=2 it trains."""
+    from rl_training.tasks.search.synthetic import write_search_data
+
+    d = write_search_data(tmp_path / "s1", n_train_keys=20, n_heldout_keys=5, topk=1)
+    base = ["--cfg", str(REPO / "cfg" / "search_sft.yaml"), f"model.name_or_path={tiny_model}", "sft.steps=1"]
+    base += [
+        f"data.train={d / 'train.jsonl'}",
+        f"data.eval={d / 'heldout.jsonl'}",
+        f"search.corpus={d / 'corpus.jsonl'}",
+    ]
+    base += [f"sft.gold_episodes={d / 'gold_train.jsonl'}", f"run.output_dir={tmp_path / 'runs'}"]
+    assert sft_runner.main([*base, "run.name=one_turn", "multiturn.max_turns=1"]) == 2
+    (err,) = [x for x in capsys.readouterr().err.splitlines() if x.strip()]  # one line, before the model loads
+    assert (
+        err.startswith(f"error: {d / 'gold_train.jsonl'}: ")
+        and "(first, line 1: 2 turns > multiturn.max_turns=1)" in err
+    )
+    assert not (tmp_path / "runs" / "one_turn" / "metrics.jsonl").exists()
+    assert sft_runner.main([*base, "run.name=two_turns", "multiturn.max_turns=2"]) == 0
