@@ -426,7 +426,7 @@ def rl(cfg: Config, info: dist.DistInfo) -> int:
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
     # never a silent CPU run on a GPU node (require_working_cuda), then the run directory's lock, before any write
-    return run_cli(__doc__, locked(rl, "training run", before=lambda cfg: require_working_cuda()), argv)
+    return run_cli(__doc__, locked(rl, "training run", before=require_working_cuda), argv)
 
 
 if __name__ == "__main__":

@@ -79,20 +79,21 @@ def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype)
     os.replace(tmp, out_dir)
 
 
-def check_sft_optim(cfg) -> None:
-    """optim.lr, optim.warmup_steps and optim.schedule are RL's: SFT has its own (sft.*), so a value set there
-    would silently do nothing."""
+def ignored_optim_keys(cfg) -> list[str]:
+    """optim.lr, optim.warmup_steps and optim.schedule set away from their defaults: RL's, not SFT's (sft.*). A
+    warning, not an error: one YAML may serve both runners, and a saved RL config sets every key."""
     defaults = OptimCfg()
-    for key in ("lr", "warmup_steps", "schedule"):
-        value = getattr(cfg.optim, key)
-        if value != getattr(defaults, key):
-            raise ConfigError(
-                f"optim.{key}={value} is not used by SFT (its own is sft.{key}={getattr(cfg.sft, key)}); "
-                f"set sft.{key} instead"
-            )
+    return [
+        f"optim.{key}={getattr(cfg.optim, key)} (SFT uses sft.{key}={getattr(cfg.sft, key)})"
+        for key in ("lr", "warmup_steps", "schedule")
+        if getattr(cfg.optim, key) != getattr(defaults, key)
+    ]
 
 
 def sft(cfg, info) -> None:
+    ignored = ignored_optim_keys(cfg)
+    if ignored and info.is_main:
+        print(f"warning: SFT does not use {', '.join(ignored)}", flush=True)
     resolved = resolve(cfg, info.world_size, backend=False)  # the saved config means the same from anywhere
     cfg, d = resolved.cfg, resolved.derived
     s = cfg.sft
@@ -122,7 +123,7 @@ def sft(cfg, info) -> None:
         model = apply_lora(model, cfg.lora)
     autocast = torch.autocast(info.device.type, dtype=DTYPES[cfg.model.dtype]) if mixed else nullcontext()
     params = trainable_parameters(model)
-    # SFT's own lr, warm-up and schedule; weight decay and clipping as in RL's optim section
+    # SFT's own lr, warm-up and schedule; AdamW's betas, eps, weight decay and clipping from the optim section
     sft_optim = dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps, schedule=s.schedule)
     optimizer, scheduler = build_optimizer(params, sft_optim, s.steps)
     if info.is_main:
@@ -172,12 +173,7 @@ def sft(cfg, info) -> None:
 def main(argv=None) -> int:
     tie_to_launcher()  # under torchrun: die with the agent, never train on as an orphan
     # never a silent CPU run on a GPU node (require_working_cuda), then the run directory's lock, before any write
-    return run_cli(__doc__, locked(sft, "SFT run", before=before_the_lock), argv)
-
-
-def before_the_lock(cfg) -> None:
-    check_sft_optim(cfg)
-    require_working_cuda()
+    return run_cli(__doc__, locked(sft, "SFT run", before=require_working_cuda), argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rl_training.base import dist
 from rl_training.base.errors import UserError
@@ -116,13 +115,13 @@ class RunLock:
         self.release()
 
 
-def locked(body: Callable, what: str, before: Callable[[Any], None] | None = None) -> Callable:
-    """A runner body (cfg, info) -> status that holds its run directory's lock while it runs. `before(cfg)` runs
+def locked(body: Callable, what: str, before: Callable[[], None] | None = None) -> Callable:
+    """A runner body (cfg, info) -> status that holds its run directory's lock while it runs. `before` runs
     first, outside the lock: a check that refuses the run must not leave a run directory behind."""
 
     def run(cfg, info):
         if before is not None:
-            before(cfg)
+            before()
         with RankZeroLock(derive(cfg, info.world_size).run_dir, what, cfg.run.lock):
             return body(cfg, info)
 
