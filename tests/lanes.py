@@ -4,6 +4,8 @@ With RL_TEST_CLAIMS set to a directory both runs can see, a run takes a module b
 there (O_EXCL: one of the two wins) before the module's first test, and leaves a module the other run has taken.
 The main lane walks the modules in order; the side lane (RL_TEST_LANE=side), done with its own tiers, walks them
 from the end, so the two meet somewhere in the middle and neither core idles while the other lane has work left.
+The side lane takes a module marked `side_lane_first` (a long one near the end) before the others: the modules
+the lanes end on are then short ones, and the lanes end together.
 A module that needs the session's vLLM server (the `server` fixture) stays in the main lane: one server per suite.
 Without RL_TEST_CLAIMS the plugin does nothing."""
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 MAIN_ONLY_FIXTURES = {"server"}  # a session fixture that would start a second vLLM server in the other lane
+FIRST = "side_lane_first"
 
 
 def module_of(item: pytest.Item) -> str:
@@ -46,8 +49,10 @@ class Lanes:
         for i in items:
             if MAIN_ONLY_FIXTURES & set(getattr(i, "fixturenames", ())):
                 self.main_only.add(module_of(i))
-        if self.side:  # the modules from the last, each one's tests in their own order
-            order = list(dict.fromkeys(map(module_of, items)))[::-1]
+        if self.side:  # the modules marked side_lane_first, then the rest from the last; tests in their own order
+            first = {module_of(i) for i in items if i.get_closest_marker(FIRST)}
+            modules = list(dict.fromkeys(map(module_of, items)))
+            order = [m for m in modules if m in first] + [m for m in modules[::-1] if m not in first]
             rank = {m: k for k, m in enumerate(order)}
             items.sort(key=lambda i: rank[module_of(i)])  # stable: a module's order is kept
 
@@ -66,6 +71,7 @@ class Lanes:
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", f"{FIRST}: the side lane of make test takes this module first (tests/lanes.py)")
     claims = os.environ.get("RL_TEST_CLAIMS")
     if claims:
         config.pluginmanager.register(Lanes(Path(claims), os.environ.get("RL_TEST_LANE") == "side"), "lanes")

@@ -20,7 +20,7 @@ from rl_training.runners import rl_runner
 from rl_training.tasks.tools import ERROR_CLASSES
 from tests.helpers import REPO, TESTCFG, VLLM, doc_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.side_lane_first]  # ~230 s: the lanes of make test end on shorter ones
 DOC = REPO / "docs" / "tools.md"
 IM_END = 259
 TURN = '<tool_call>{{"name": "calculator", "arguments": {{"a": {}, "b": {}}}}}</tool_call><|im_end|>'

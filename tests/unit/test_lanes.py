@@ -12,6 +12,8 @@ import pytest
 from tests.helpers import REPO
 
 MODULE = """import os, time
+import pytest
+pytestmark = [{marks}]
 def test_a({fixture}):
     time.sleep(0.3)
     with open(os.environ["RAN_LOG"], "a") as f:
@@ -23,15 +25,20 @@ def test_b():
 CONFTEST = "import pytest\n@pytest.fixture(scope='session')\ndef server():\n    return 1\n"
 
 
-@pytest.fixture
-def suite(tmp_path):
-    """Five modules; test_m3 needs the session's `server` (main lane only)."""
+def make_suite(tmp_path, first=()):
+    """Five modules; test_m3 needs the session's `server` (main lane only); those in `first` are side_lane_first."""
     d = tmp_path / "suite"
     d.mkdir()
     (d / "conftest.py").write_text(CONFTEST)
     for k in range(5):
-        (d / f"test_m{k}.py").write_text(MODULE.format(fixture="server" if k == 3 else ""))
+        marks = "pytest.mark.side_lane_first" if k in first else ""
+        (d / f"test_m{k}.py").write_text(MODULE.format(fixture="server" if k == 3 else "", marks=marks))
     return d
+
+
+@pytest.fixture
+def suite(tmp_path):
+    return make_suite(tmp_path)
 
 
 def start(suite, tmp_path, lane=None, claims=True):
@@ -65,6 +72,12 @@ def test_side_lane_walks_from_the_last_module_and_leaves_the_servers_to_the_main
     out = finish(start(suite, tmp_path))  # then the main lane: only what is left
     assert "the main lane ran 1 modules, left 4 to the other lane" in out
     assert ran(tmp_path)[8:] == [("main", "test_m3", "a"), ("main", "test_m3", "b")]
+
+
+def test_side_lane_takes_the_modules_marked_side_lane_first_first(tmp_path):
+    out = finish(start(make_suite(tmp_path, first=(1,)), tmp_path, lane="side"))
+    assert "the side lane ran 4 modules, left 1 to the other lane" in out
+    assert [m for _, m, t in ran(tmp_path) if t == "a"] == ["test_m1", "test_m4", "test_m2", "test_m0"]
 
 
 def test_two_lanes_at_once_run_every_test_exactly_once(suite, tmp_path):
