@@ -5,8 +5,9 @@
 # make test: the integration tier in the main lane. The side lane runs, one after the other: the unit tier pinned
 # to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone, shell
 # scripts; ~3.5 minutes), the stress tier with the integration tier beside it as its load (RL_STRESS_BURNERS=0:
-# tests/stress), then the integration tier's modules from the last, the ones the main lane has not reached
-# (tests/lanes.py: each module runs once, in whichever lane takes it first). ~18 minutes in all on 2 cores.
+# tests/stress), then the integration tier's modules the main lane has not reached: those marked side_lane_first,
+# then from the last (tests/lanes.py: each module runs once, in whichever lane takes it first). ~18 minutes in all
+# on 2 cores.
 # make test-demos: the demos marked one_core (reverse and code, ~5 minutes on one core) run on the last core while
 # the search demo's SFT stages hold the first (one rank, one thread: its warm start depends on that arithmetic,
 # docs/search.md); then the other demos, one after the other.
