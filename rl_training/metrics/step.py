@@ -37,7 +37,7 @@ def peak_memory() -> dict[str, float]:
 
 
 def _rank_sums(
-    rollouts: Rollouts, scores: Scores, advantages: torch.Tensor, group_size: int, stats: TrainStats
+    rollouts: Rollouts, lengths: list[int], scores: Scores, advantages: torch.Tensor, group_size: int, stats: TrainStats
 ) -> dict[str, float]:
     """This rank's additive counts and sums of the step (reduced over ranks by step_metrics)."""
     r = torch.tensor(scores.rewards, dtype=torch.float64)
@@ -48,7 +48,7 @@ def _rank_sums(
         "r2": (r * r).sum().item(),
         "correct": sum(scores.correct),
         "formatted": sum(scores.formatted),
-        "len": sum(len(c) for c in rollouts.completion_ids),
+        "len": sum(lengths),
         "trunc": sum(rollouts.truncated),
         "zero_adv": zero_adv.sum().item(),
         "groups": zero_adv.numel(),
@@ -83,7 +83,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """Collective (every rank calls it). Returns the global metrics of one step."""
     lengths = [len(c) for c in rollouts.completion_ids]
-    sums = dist.reduce_sums(_rank_sums(rollouts, scores, advantages, group_size, stats), device)
+    sums = dist.reduce_sums(_rank_sums(rollouts, lengths, scores, advantages, group_size, stats), device)
     maxes = dist.reduce_max(
         {
             "len_max": max(lengths),
