@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search demo-tools bench-multiturn test test-fast test-cluster test-stress test-demos quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search demo-tools bench-multiturn test test-fast test-cluster test-stress test-demos fuzz quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -61,6 +61,12 @@ test-demos: setup
 # about 4 minutes. make test runs them too, with the integration tier as their load.
 test-stress: setup
 	$(PY) -m pytest -q tests/stress
+
+# The property-based tests (Hypothesis: every function that reads model-written text) with fresh random examples,
+# FUZZ_EXAMPLES per test (default 20000), and the example database in .hypothesis/: a long run CI does not make
+# (the suite runs them derandomized, 150 examples each).
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m hypothesis -p no:cacheprovider tests/unit
 
 quality: setup
 	.venv/bin/ruff check .

@@ -12,7 +12,31 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from hypothesis import HealthCheck, settings
+
 from tests.helpers import REPO, data_overrides, require_debian_packages
+
+# Property-based tests (Hypothesis) of every function that reads model-written text. The suite's profile is
+# derandomized (the same examples every run: a CI failure reproduces) with a budget per test that keeps them all
+# under a minute; `make fuzz` (HYPOTHESIS_PROFILE=fuzz) runs them with fresh random examples, many more per test,
+# and Hypothesis' example database, for a long run CI does not make.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=150,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "20000")),
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # What an in-process vLLM engine writes into os.environ for its own workers (vllm/platforms/cpu.py: LD_PRELOAD of
 # torch's libgomp, LOCAL_WORLD_SIZE=tp size, VLLM_* and TORCHINDUCTOR_* settings). Left there, every later

@@ -11,6 +11,16 @@ class UserError(Exception):
 
 
 def one_line(e: BaseException) -> str:
-    """An exception as one line: 'Type: message', the message's whitespace (newlines included) collapsed."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    """An exception as one line: 'Type: message', the message's whitespace (newlines included) collapsed. Total:
+    an exception whose message cannot be made (its __str__ raises: a user's tool may raise anything) is its type
+    name and a note."""
+    try:
+        name = type(e).__name__
+        name = name if isinstance(name, str) else "Exception"
+    except Exception:  # noqa: BLE001 -- a metaclass can make even the name raise
+        name = "Exception"
+    try:
+        text = " ".join(str(e).split())
+    except Exception:  # noqa: BLE001 -- str() of a hostile exception: name it, never raise
+        text = "(its message cannot be shown)"
+    return f"{name}: {text}" if text else name

@@ -1,17 +1,19 @@
 """Per-step metrics of multi-turn episodes (rollout/episodes.py), reduced across ranks; {} for single-turn.
 
 rollout/turns_mean, truncated_tokens_rate / truncated_turns_rate (the two budgets), obs_tokens_mean, obs_capped
-(observations cut at multiturn.max_obs_tokens), trainable_tokens_mean; the environment's own from its episode
-counts (Environment.episode_metrics: a search task's searches_mean, valid_action_rate, answer_rate) and from its
-per-call stats (a search task's retrieval/*: queries, failed, retries summed; batch latency p50/p95 the slowest
-rank's); rollout/logp_diff_turn<t> (mean |trainer - sampler| log-prob over turn t's sampled tokens, epoch 0),
-the per-turn canary.
+(observations cut at multiturn.max_obs_tokens), trainable_tokens_mean, env_errors / env_invalid (episodes the
+environment ended by raising, or by a Step the engine could not use: rollout/episodes.py); the environment's own
+from its episode counts (Environment.episode_metrics: a search task's searches_mean, valid_action_rate,
+answer_rate) and from its per-call stats (a search task's retrieval/*: queries, failed, retries summed; batch
+latency p50/p95 the slowest rank's); rollout/logp_diff_turn<t> (mean |trainer - sampler| log-prob over turn t's
+sampled tokens, epoch 0), the per-turn canary.
 """
 
 from __future__ import annotations
 
 from rl_training.base import dist
 from rl_training.rollout.base import Rollouts
+from rl_training.rollout.episodes import ERROR_KINDS
 from rl_training.train.update import MAX_TURNS
 
 
@@ -31,6 +33,7 @@ def episode_metrics(
             "trunc_turns": sum(e["truncated"] == "turns" for e in eps),
             "obs_tokens": sum(e["obs_tokens"] for e in eps),
             "obs_capped": sum(e["obs_capped"] for e in eps),
+            **{k: sum(e.get("error", "").startswith(k + ":") for e in eps) for k in ERROR_KINDS},
             "trainable": sum(rollouts.trainable(i) for i in range(len(rollouts))),
             **{f"gap{t}": g for t, (g, _) in _turns(turn_logp_diff).items()},
             **{f"tok{t}": n for t, (_, n) in _turns(turn_logp_diff).items()},
@@ -46,6 +49,8 @@ def episode_metrics(
         "rollout/obs_tokens_mean": sums["obs_tokens"] / n,
         "rollout/obs_capped": sums["obs_capped"],
         "rollout/trainable_tokens_mean": sums["trainable"] / n,
+        "rollout/env_errors": sums["env_error"],
+        "rollout/env_invalid": sums["env_invalid"],
     }
     for t in _turns(turn_logp_diff):
         if sums[f"tok{t}"] > 0:

@@ -1,11 +1,11 @@
 """Rollout samples: a few whole rollouts per step, kept where a researcher reads them first.
 
-Each kept step, `samples.per_step` sequences are drawn from all ranks' groups by a generator seeded with
-(seed, step), so a resumed run keeps the same ones. Each rank formats the chosen rows it holds and rank 0
-gathers them (one collective, every rank calls it), appends them to run_dir/samples/samples_NNNNNN.jsonl
-(a new file when the current one passes `samples.file_mb`; the oldest files are deleted beyond
-`samples.max_mb`) and writes them to TensorBoard as text. The monitor (`python -m rl_training.monitor`) prints
-the lowest-reward ones.
+Each kept step, `samples.per_step` sequences are drawn from all ranks' groups by a generator seeded with (seed,
+step), so a resumed run keeps the same ones; beside them each rank keeps the first episode of each kind its
+environment ended (`failed_rows`: the episode's `error` says why). Each rank formats the chosen rows it holds and
+rank 0 gathers them (one collective, every rank calls it), appends them to run_dir/samples/samples_NNNNNN.jsonl (a
+new file when the current one passes `samples.file_mb`; the oldest files are deleted beyond `samples.max_mb`) and
+writes them to TensorBoard as text. The monitor (`python -m rl_training.monitor`) prints the lowest-reward ones.
 """
 
 from __future__ import annotations
@@ -71,6 +71,17 @@ def sample_record(
         "policy_version": policy_version,
         "logp_gap": logp_gap,  # mean |trainer - sampler| log-prob over the sequence's sampled tokens
     }
+
+
+def failed_rows(rollouts) -> list[int]:
+    """The first episode of each kind an environment ended (its summary's `error`: env_error, env_invalid), kept
+    beside the drawn samples so that every failure a step counted can be read whole."""
+    first: dict[str, int] = {}
+    for row, e in enumerate(rollouts.episodes or []):
+        kind = e.get("error", "").split(":", 1)[0]
+        if kind:
+            first.setdefault(kind, row)
+    return sorted(first.values())
 
 
 def episode_record(rollouts, row: int, tokenizer) -> dict | None:
@@ -170,6 +181,7 @@ class StepSamples:
             return
         rank, world = dist.rank(), dist.world_size()
         mine = [row for r, row in choose(self.seed, step, [len(rollouts)] * world, self.k) if r == rank]
+        mine += [row for row in failed_rows(rollouts) if row not in mine]
         versions = rollouts.policy_version
         local = [
             sample_record(

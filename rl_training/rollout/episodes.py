@@ -16,6 +16,13 @@ The function depends on nothing but its arguments (no config, no torch.distribut
 thread may call it. Scoring stays with the caller; only the environment's own I/O happens here.
 
 - `max_turns` counts every turn including the answering one, and there is no extra final turn.
+- Nothing an environment does stops the run: a `reset`, `step` or `step_batch` that raises ends the episodes it
+  was serving (one episode for `reset` and `step`; every episode of the call for an overridden `step_batch`),
+  and a Step the engine cannot use (an observation that is neither text nor token ids of the vocabulary, a count
+  it did not declare or that is not a finite number) ends its episode. Each such episode keeps what it sampled,
+  is graded as usual, and says why in its summary (`error`: "env_error: ..." or "env_invalid: ..."); they are
+  counted (rollout/env_errors, rollout/env_invalid) and written to the samples. A text observation is cut to
+  multiturn.max_obs_tokens before it is tokenized whole (data/text.py): its cost follows the budget.
 - An observation that would leave no room for one more sampled token is not appended: the episode ends,
   flagged truncated (nothing would ever train on that trailing observation).
 
@@ -29,6 +36,7 @@ cuts its rows at the same place with `turn_end`.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,10 +44,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rl_training.base.errors import one_line
 from rl_training.data.sources import Example
+from rl_training.data.text import clean_text, encode_observation
 from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds
 from rl_training.tasks.base import Environment, Step, Turn
-from rl_training.tasks.tools import encode_plain
+
+MAX_COUNT = 2**53  # a Step's count past it is no count (exact as a float, summed across ranks as one)
+ERROR_KINDS = ("env_error", "env_invalid")  # why an environment ended an episode (Episode.error's prefix)
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,11 @@ class Episode:
     obs_tokens: int = 0
     obs_capped: int = 0
     truncated: str = ""  # "" | "tokens" | "turns"
+    error: str = ""  # "" | "env_error: <one line>" | "env_invalid: <why>": the environment ended the episode
     done: bool = False
+
+    def fail(self, kind: str, why: str) -> None:
+        self.error, self.done = f"{kind}: {clean_text(why)[:500]}", True
 
     def sampled(self, s: TurnSample, turn: int) -> None:
         self.ids += s.ids
@@ -136,8 +152,6 @@ class Episode:
 
     def add(self, counts: dict[str, float]) -> None:
         for k, v in counts.items():
-            if k not in self.counts:
-                raise KeyError(f"Step.counts has {k!r}, which is not one of the environment's episode_counts")
             self.counts[k] += v
 
     def summary(self) -> dict:
@@ -150,6 +164,7 @@ class Episode:
             "obs_tokens": self.obs_tokens,
             "obs_capped": self.obs_capped,
             "truncated": self.truncated,
+            "error": self.error,
         }
 
 
@@ -169,11 +184,12 @@ def run_episodes(
         raise ValueError(f"run_episodes: {len(examples)} examples for {len(prompts)} prompts")
     seeds = completion_seeds(spec.seed, len(prompts), spec.n)
     eps = [
-        Episode(p, seeds[i * spec.n + j], env.reset(ex), counts=dict.fromkeys(env.episode_counts, 0))
+        _start(env, p, ex, seeds[i * spec.n + j])
         for i, (p, ex) in enumerate(zip(prompts, examples, strict=True))
         for j in range(spec.n)
     ]
     stats, timing = env.call_stats(), {}
+    vocab = len(tokenizer)
     for turn in range(1, es.max_turns + 1):
         live = [e for e in eps if not e.done]
         if not live:
@@ -193,30 +209,103 @@ def run_episodes(
             text = tokenizer.decode(out.ids, skip_special_tokens=True)
             turns.append(Turn(text, list(out.ids), turn, eos, exhausted))
         t0 = time.perf_counter()
-        steps = env.step_batch([e.state for e in live], turns, stats)
+        steps = _steps(env, live, turns, stats)
         timing["env_s"] = timing.get("env_s", 0.0) + time.perf_counter() - t0
-        if len(steps) != len(live):
-            raise ValueError(f"{type(env).__name__}.step_batch returned {len(steps)} steps for {len(live)} turns")
         for e, step in zip(live, steps, strict=True):
-            _apply(e, step, turn, tokenizer, es)
+            if step is not None:
+                _apply(e, step, turn, tokenizer, es, vocab)
     return _to_rollouts(eps, tokenizer, stats, timing)
 
 
-def _apply(e: Episode, step: Step, turn: int, tokenizer, es: EpisodeSpec) -> None:
+def _start(env: Environment, prompt: list[int], example: Example, seed: int | None) -> Episode:
+    e = Episode(prompt, seed, counts=dict.fromkeys(env.episode_counts, 0))
+    try:
+        e.state = env.reset(example)
+    except Exception as exc:  # noqa: BLE001 -- an environment's failure ends its episode, never the run
+        e.fail("env_error", f"{type(env).__name__}.reset raised {one_line(exc)}")
+    return e
+
+
+def _steps(env: Environment, live: list[Episode], turns: list[Turn], stats: Any) -> list[Step | None]:
+    """The environment's answers for the live episodes; None for an episode whose environment raised (it is
+    ended, with why). An environment with the default step_batch is asked one episode at a time, so a raise ends
+    only its own episode; an overridden step_batch serves the batch at once (one retrieval), so its raise, or a
+    wrong number of steps, ends every episode of the call."""
+    if type(env).step_batch is Environment.step_batch:
+        out: list[Step | None] = []
+        for e, t in zip(live, turns, strict=True):
+            try:
+                out.append(env.step(e.state, t))
+            except Exception as exc:  # noqa: BLE001 -- the episode ends, counted; the run goes on
+                e.fail("env_error", f"{type(env).__name__}.step raised {one_line(exc)}")
+                out.append(None)
+        return out
+    try:
+        steps = env.step_batch([e.state for e in live], turns, stats)
+        if not isinstance(steps, list | tuple) or len(steps) != len(live):
+            n = len(steps) if isinstance(steps, list | tuple) else type(steps).__name__
+            raise ValueError(f"returned {n} steps for {len(live)} turns")
+        return list(steps)
+    except Exception as exc:  # noqa: BLE001 -- a batch that fails ends the episodes it served, counted
+        for e in live:
+            e.fail("env_error", f"{type(env).__name__}.step_batch raised {one_line(exc)}")
+        return [None] * len(live)
+
+
+def _invalid(step: Any, env_counts: dict[str, float], vocab: int) -> str:
+    """Why the engine cannot use `step` ('' when it can): a Step whose observation is None, text or ids of the
+    vocabulary, and whose counts are declared episode counts with finite numbers."""
+    try:
+        return _step_problem(step, env_counts, vocab)
+    except Exception as exc:  # noqa: BLE001 -- a Step whose parts raise when read is not usable either
+        return f"the step cannot be read ({one_line(exc)})"
+
+
+def _step_problem(step: Any, env_counts: dict[str, float], vocab: int) -> str:
+    if not isinstance(step, Step):
+        return f"step is a {type(step).__name__}, not a Step"
+    obs = step.observation
+    if obs is not None and not isinstance(obs, str):
+        if not isinstance(obs, list | tuple):
+            return f"observation is a {type(obs).__name__}, not text or token ids"
+        for i, t in enumerate(obs):
+            if type(t) is not int or not 0 <= t < vocab:
+                return f"observation[{i}] is {_shown(t)}, not a token id of the vocabulary (0..{vocab - 1})"
+    if not isinstance(step.counts, dict):
+        return f"counts is a {type(step.counts).__name__}, not a dict"
+    for k, v in step.counts.items():
+        if not isinstance(k, str) or k not in env_counts:
+            return f"Step.counts has {clean_text(repr(k))[:60]}, which is not one of the environment's episode_counts"
+        if type(v) not in (int, float, bool) or not (type(v) is int or math.isfinite(v)) or abs(v) > MAX_COUNT:
+            return f"Step.counts[{k!r}] is {_shown(v)}, not a count"
+    return ""
+
+
+def _shown(x: Any) -> str:
+    """A value for an error message, short and total (an int past the str limit is named by its size)."""
+    if type(x) is int:
+        return f"the int {x}" if abs(x) < 10**30 else f"an int of {x.bit_length()} bits"
+    return f"a {type(x).__name__} {clean_text(repr(x))[:40]}"
+
+
+def _apply(e: Episode, step: Step, turn: int, tokenizer, es: EpisodeSpec, vocab: int) -> None:
     """One environment answer: the end of the episode, or its observation appended within the limits."""
+    why = _invalid(step, e.counts, vocab)
+    if why:
+        e.fail("env_invalid", why)
+        return
     e.add(step.counts)
     if step.done:
         e.done = True
         return
     obs = step.observation
     if obs is None:
-        obs = []
-    elif isinstance(obs, str):
-        obs = encode_plain(tokenizer, obs)  # an observation is data: it never forges a special token
+        obs, capped = [], False
+    elif isinstance(obs, str):  # an observation is data: it never forges a special token; cut before tokenizing
+        obs, capped = encode_observation(tokenizer, obs, es.max_obs_tokens)
     else:
-        obs = [int(t) for t in obs]
-    if len(obs) > es.max_obs_tokens:
-        obs, e.obs_capped = obs[: es.max_obs_tokens], e.obs_capped + 1
+        obs, capped = list(obs[: es.max_obs_tokens]), len(obs) > es.max_obs_tokens
+    e.obs_capped += capped
     if len(e.ids) + len(obs) >= es.max_response_tokens:
         e.truncated, e.done = "tokens", True  # no room left to sample after it (module docstring)
     elif turn == es.max_turns:

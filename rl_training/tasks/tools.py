@@ -47,14 +47,18 @@ from typing import Any
 
 from rl_training.base.errors import UserError, one_line
 from rl_training.data.sources import Example
+from rl_training.data.text import clean_text, encode_plain, prefix_for
 from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn, time_limit
 
-ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many")
+ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many", "crash")
 TRUNCATED = "\n[truncated]"  # the marker after a result cut to its share of multiturn.max_obs_tokens
 MAX_OBS_TOKENS = 512  # multiturn.max_obs_tokens's default, used outside a run
 _SENT_A = "@@rlt-assistant@@"  # sentinels of the probe conversations (ChatToolFormat)
 _SENT_R = "@@rlt-result-{}@@"
-_CALL = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_JSON = json.JSONDecoder()
+_CLOSE_AFTER = re.compile(r"\s*</tool_call>")
+_SPACE = re.compile(r"\s*")
 
 
 class ToolFailed(Exception):
@@ -70,43 +74,38 @@ class ToolTemplateError(UserError, ValueError):
     """The tokenizer cannot serve a ToolEnvironment (no chat template, no tool support, no prefix property)."""
 
 
-# ------------------------------------------------------------------------------------------------ tokenizing
-def encode_plain(tokenizer, text: str) -> list[int]:
-    """Ids of `text` as data: no added token (special, such as <|im_end|>, or not, such as Qwen2.5's <tool_call>)
-    is ever matched, so a tool's output cannot forge a role boundary. Special tokens are not parsed
-    (split_special_tokens); where a non-special added token still matched, its text is encoded in two pieces
-    (its first character, then the rest), which spells the same text in plain tokens."""
-    if not text:
-        return []
-    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids
-    added = tokenizer.added_tokens_encoder
-    if len(text) == 1 or set(added.values()).isdisjoint(ids):
-        return ids
-    m = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))).search(text)
-    if m is None:  # matched through normalisation: nothing better to do than the tokenizer's own answer
-        return ids
-    tok = m.group()
-    return (
-        encode_plain(tokenizer, text[: m.start()])
-        + encode_plain(tokenizer, tok[:1])
-        + encode_plain(tokenizer, tok[1:])
-        + encode_plain(tokenizer, text[m.end() :])
-    )
-
-
+# ------------------------------------------------------------------------------------------------ rendering
 def result_text(out: Any) -> str:
-    """A tool's return value as the text the model reads: a string as is, bytes decoded (invalid UTF-8 replaced),
-    anything else as JSON (str() when it is not JSON). Lone surrogates become '?': every tokenizer can take it."""
-    if isinstance(out, bytes | bytearray):
-        text = bytes(out).decode("utf-8", errors="replace")
-    elif isinstance(out, str):
-        text = out
-    else:
+    """A tool's return value as the text the model reads, for any value: a string as is, bytes decoded (invalid
+    UTF-8 replaced), anything else as JSON, else str(); what neither can show (an int past Python's 4,300-digit
+    str limit, a container nested past the recursion limit, an object whose __str__ raises) is named by its type.
+    Always valid UTF-8 (clean_text)."""
+    try:
+        if isinstance(out, bytes | bytearray | memoryview):
+            return clean_text(bytes(out).decode("utf-8", errors="replace"))
+        if isinstance(out, str):
+            return clean_text(out)
         try:
-            text = json.dumps(out, ensure_ascii=False)
-        except (TypeError, ValueError):
-            text = str(out)
-    return text.encode("utf-8", errors="replace").decode("utf-8")
+            return clean_text(json.dumps(out, ensure_ascii=False))
+        except (TypeError, ValueError, RecursionError):
+            return clean_text(str(out))
+    except Exception:  # noqa: BLE001 -- any value a tool returns must render, or be named: never raise
+        return _unshowable(out)
+
+
+def _unshowable(out: Any) -> str:
+    if isinstance(out, int) and not isinstance(out, bool):
+        return f"<int of {out.bit_length()} bits, too large to print>"
+    name = clean_text(type(out).__name__) if isinstance(getattr(type(out), "__name__", None), str) else "object"
+    return f"<{name} that cannot be shown as text>"
+
+
+def preview(value: Any, n: int = 40) -> str:
+    """The first n characters of a JSON value's text, for an error message: total (huge ints, deep nesting)."""
+    try:
+        return clean_text(json.dumps(value, ensure_ascii=False))[:n]
+    except (TypeError, ValueError, RecursionError):
+        return result_text(value)[:n]
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -118,28 +117,58 @@ class ToolCall:
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every <tool_call> block of a turn, in order: {"name": str, "arguments": object (or a JSON string of
-    one; absent = {})}. A block that is not that (bad JSON, unclosed at the end of the turn) is a ToolCall with
-    its `error`."""
-    calls = []
-    for m in _CALL.finditer(text):
-        body, closed = m.group(1).strip(), bool(m.group(2))
-        if not closed:
-            calls.append(ToolCall("", {}, "malformed tool call: <tool_call> without </tool_call>"))
-            continue
+    """Every <tool_call> block of a turn, in order (scan_tool_calls without a limit)."""
+    return scan_tool_calls(text)[0]
+
+
+def scan_tool_calls(text: str, limit: int | None = None) -> tuple[list[ToolCall], int]:
+    """(the first `limit` <tool_call> blocks of a turn, how many more <tool_call> openings follow them). A block
+    is {"name": str, "arguments": object (or a JSON string of one; absent = {})} closed by </tool_call>; the JSON
+    is read as JSON, so a "</tool_call>" inside one of its strings does not end it. A block that is not that (bad
+    JSON, text after the object, unclosed at the end of the turn) is a ToolCall with its `error`. Linear in the
+    text per block read; total for any text."""
+    calls: list[ToolCall] = []
+    pos = 0
+    while (i := text.find(_OPEN, pos)) >= 0:
+        if limit is not None and len(calls) >= limit:
+            return calls, text.count(_OPEN, i)
+        call, pos = _read_block(text, i + len(_OPEN))
+        calls.append(call)
+    return calls, 0
+
+
+def _read_block(text: str, start: int) -> tuple[ToolCall, int]:
+    """The call whose body starts at `start`, and where the text after its block starts."""
+    body = _SPACE.match(text, start).end()
+    problem = ""
+    try:
+        obj, end = _JSON.raw_decode(text, body)
+    except ValueError as e:  # JSONDecodeError, or an int past the str-conversion limit
+        msg = getattr(e, "msg", None) or "invalid number"
+        problem = f"malformed tool call JSON ({clean_text(msg)} at char {getattr(e, 'pos', body) - start})"
+    except RecursionError:
+        problem = "malformed tool call JSON (nested too deep)"
+    else:
+        close = _CLOSE_AFTER.match(text, end)
+        if close is not None:
+            return _as_call(obj), close.end()
+        problem = "malformed tool call: text after the JSON object before </tool_call>"
+    close_at = text.find(_CLOSE, start)
+    if close_at < 0:
+        return ToolCall("", {}, "malformed tool call: <tool_call> without </tool_call>"), len(text)
+    return ToolCall("", {}, problem), close_at + len(_CLOSE)
+
+
+def _as_call(obj: Any) -> ToolCall:
+    args = obj.get("arguments", {}) if isinstance(obj, dict) else None
+    if isinstance(args, str):
         try:
-            obj = json.loads(body)
-            args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-            if isinstance(args, str):
-                args = json.loads(args)
-        except json.JSONDecodeError as e:
-            calls.append(ToolCall("", {}, f"malformed tool call JSON ({e.msg} at char {e.pos})"))
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
-            calls.append(ToolCall("", {}, 'malformed tool call: expected {"name": string, "arguments": object}'))
-            continue
-        calls.append(ToolCall(obj["name"], args))
-    return calls
+            args = json.loads(args)
+        except (ValueError, RecursionError):
+            return ToolCall("", {}, "malformed tool call: its arguments string is not JSON")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+        return ToolCall("", {}, 'malformed tool call: expected {"name": string, "arguments": object}')
+    return ToolCall(obj["name"], args)
 
 
 def final_text(completion: str) -> str:
@@ -172,9 +201,9 @@ def argument_problem(fn: Callable, schema: dict, arguments: dict) -> str:
         types = spec.get("type")
         types = [types] if isinstance(types, str) else types or []
         if types and not any(_JSON_TYPES.get(t, lambda _: True)(v) for t in types):
-            return f"argument {k!r} must be {' or '.join(types)}, got {type(v).__name__} {json.dumps(v)[:40]}"
+            return f"argument {k!r} must be {' or '.join(types)}, got {type(v).__name__} {preview(v)}"
         if "enum" in spec and v not in spec["enum"]:
-            return f"argument {k!r} must be one of {spec['enum']}, got {json.dumps(v)[:40]}"
+            return f"argument {k!r} must be one of {spec['enum']}, got {preview(v)}"
     return ""
 
 
@@ -288,17 +317,24 @@ class ChatToolFormat:
         return ids + encode_plain(self.tok, run)
 
     def truncate(self, text: str, cap: int) -> tuple[str, bool]:
-        """`text` cut to at most `cap` plain tokens with the TRUNCATED marker (inside the cap), or as is. A huge
-        text is first cut by characters (16 per token allowed), so its tokenization stays cheap."""
-        pre = text[: cap * 16 + 64]
-        ids = encode_plain(self.tok, pre)
-        if len(ids) <= cap and len(pre) == len(text):
+        """`text` cut to at most `cap` plain tokens, ending with the TRUNCATED marker where the cap holds it (an
+        empty result where it does not), or as is. Only a prefix of a long text is tokenized (encode_plain's
+        max_tokens), so the cost follows the cap, not the text."""
+        head = prefix_for(self.tok, text, cap)  # the whole text when it is short
+        ids = encode_plain(self.tok, head)
+        if len(head) == len(text) and len(ids) <= cap:
             return text, False
-        keep = max(cap - len(encode_plain(self.tok, TRUNCATED)), 0)
+        marker = len(encode_plain(self.tok, TRUNCATED))
+        if cap < marker:
+            return "", True
+        keep = cap - marker
         head = self.tok.decode(ids[:keep], clean_up_tokenization_spaces=False)
-        while head and len(encode_plain(self.tok, head)) > keep:  # a character cut in two decodes as U+FFFD
-            head = head[:-1]
-        return head + TRUNCATED, True
+        for _ in range(16):  # a character cut in two decodes as U+FFFD, which may take more tokens: shorten
+            over = len(encode_plain(self.tok, head)) - keep
+            if over <= 0:
+                return head + TRUNCATED, True
+            head = head[: -max(over // 2, 1)]  # a character is at least one token: never cuts more than needed
+        return TRUNCATED, True
 
 
 def _tool_message(content: str) -> dict:
@@ -309,12 +345,12 @@ def _tool_message(content: str) -> dict:
 @dataclass
 class ToolStats:
     """One generate call's tool counters (Environment.call_stats), summed across ranks: tool/calls (every
-    <tool_call> block), tool/errors_<class>, tool/timeouts (= errors_timeout), tool/obs_tokens (tool-turn
-    tokens appended) and tool/truncated (results cut to their share of multiturn.max_obs_tokens)."""
+    <tool_call> block), tool/errors_<class>, tool/timeouts (= errors_timeout) and tool/truncated (results cut to
+    their share of multiturn.max_obs_tokens). tool/obs_tokens, the tool-turn tokens the engine appended, comes
+    from the episodes (ToolEnvironment.episode_metrics)."""
 
     calls: int = 0
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_CLASSES, 0))
-    obs_tokens: int = 0
     truncated: int = 0
 
     def metrics(self) -> dict[str, float]:
@@ -322,7 +358,6 @@ class ToolStats:
             "tool/calls": float(self.calls),
             **{f"tool/errors_{k}": float(v) for k, v in self.errors.items()},
             "tool/timeouts": float(self.errors["timeout"]),
-            "tool/obs_tokens": float(self.obs_tokens),
             "tool/truncated": float(self.truncated),
         }
 
@@ -383,22 +418,38 @@ class ToolEnvironment(Environment):
 
     # ------------------------------------------------------------------------------------------- startup
     def start(self, ctx: TaskContext | None = None) -> None:
-        """Check the tokenizer's template (ToolTemplateError) and take multiturn.max_obs_tokens."""
+        """Check the tokenizer's template (ToolTemplateError) and settle the one observation budget: a tool turn is
+        never cut by the episode engine, so task.args.max_obs_tokens, where given, must be multiturn's, and the
+        budget must hold the largest tool turn's own tokens (ConfigError, one line, before any model loads)."""
+        from rl_training.config.schema import ConfigError
+
         if ctx is not None and ctx.tokenizer is not None:
             self.format_for(ctx.tokenizer)
+        engine = getattr(getattr(getattr(ctx, "cfg", None), "multiturn", None), "max_obs_tokens", None)
         if self.max_obs_tokens is None:
-            multiturn = getattr(getattr(ctx, "cfg", None), "multiturn", None)
-            self.max_obs_tokens = getattr(multiturn, "max_obs_tokens", MAX_OBS_TOKENS)
-        if self.fmt is not None:  # a cap below the tool turn's own tokens would cut the template's structure
-            from rl_training.config.schema import ConfigError
-
-            fixed = len(self.fmt.tool_turn([""], []))
-            if self.max_obs_tokens <= fixed:
+            self.max_obs_tokens = engine or MAX_OBS_TOKENS
+        elif engine is not None and self.max_obs_tokens != engine:
+            raise ConfigError(
+                f"task.args.max_obs_tokens={self.max_obs_tokens} and multiturn.max_obs_tokens={engine} disagree: the "
+                "episode engine cuts every observation at multiturn's, inside the tool turn's structure; set one "
+                "budget, multiturn.max_obs_tokens"
+            )
+        if self.fmt is not None:
+            k = self.max_results_per_turn
+            fixed = len(self.fmt.tool_turn([""] * k, []))
+            if self.max_obs_tokens < fixed:
                 raise ConfigError(
-                    f"max_obs_tokens={self.max_obs_tokens} cannot hold this template's tool turn ({fixed} tokens "
-                    f"around the result): raise multiturn.max_obs_tokens (or task.args.max_obs_tokens) to at least "
-                    f"{fixed + 1}, better {fixed + 64}"
+                    f"max_obs_tokens={self.max_obs_tokens} cannot hold this template's largest tool turn ({fixed} "
+                    f"tokens around {k} results: max_tool_calls={self.max_tool_calls} calls and the error past "
+                    f"them): raise multiturn.max_obs_tokens to at least {fixed}, better {fixed + 64}, or lower "
+                    "task.args.max_tool_calls"
                 )
+
+    @property
+    def max_results_per_turn(self) -> int:
+        """The most results one tool turn carries: the episode's max_tool_calls calls and one too_many error for
+        every block past them (tool_step)."""
+        return self.max_tool_calls + 1
 
     def format_for(self, tokenizer) -> ChatToolFormat:
         if self.fmt is None or self.fmt.tok is not tokenizer:
@@ -423,8 +474,10 @@ class ToolEnvironment(Environment):
         return [self.tool_step(s, t, stats) for s, t in zip(states, turns, strict=True)]
 
     def tool_step(self, ep: ToolEpisode, turn: Turn, stats: ToolStats) -> Step:
-        """A turn without a tool call ends the episode; else every call is answered in one tool turn."""
-        calls = parse_tool_calls(turn.text)
+        """A turn without a tool call ends the episode; else its calls are answered in one tool turn: each within
+        the episode's max_tool_calls is run, and the first past them is answered with a too_many error that also
+        counts the rest (which get no result of their own), so a turn holds at most max_results_per_turn."""
+        calls, more = scan_tool_calls(turn.text, self.turn_limit(ep))
         if not calls:
             return Step(done=True)
         if turn.exhausted:  # no room to sample after it: the engine ends the episode truncated
@@ -435,18 +488,31 @@ class ToolEnvironment(Environment):
         for call in calls:
             ep.calls += 1
             text, err = self.call(call, ep.calls, ep)
+            if err == "too_many" and more:
+                text += f" ({more} more <tool_call> blocks in this turn were not run)"
             stats.calls += 1
             if err:
                 stats.errors[err] += 1
                 errors += 1
             results.append(text)
+        ep.calls += more
+        stats.calls += more
+        stats.errors["too_many"] += more
         ids, cut = self._observation(results, turn.ids)
-        stats.obs_tokens += len(ids)
         stats.truncated += cut
-        return Step(ids, counts={"tool_calls": len(calls), "tool_errors": errors, "used_tools": float(first)})
+        n = len(calls) + more
+        return Step(ids, counts={"tool_calls": n, "tool_errors": errors + more, "used_tools": float(first)})
+
+    def turn_limit(self, ep: ToolEpisode) -> int:
+        """The blocks of this episode's next turn that get a result of their own (tool_step)."""
+        return max(self.max_tool_calls - ep.calls, 0) + 1
 
     def call(self, call: ToolCall, nth: int, ep: ToolEpisode | None = None) -> tuple[str, str]:
-        """(result text, error class or '') of the episode's nth call."""
+        """(result text, error class or '') of the episode's nth call; the text is valid UTF-8 on every path."""
+        text, err = self._call(call, nth, ep)
+        return clean_text(text), err
+
+    def _call(self, call: ToolCall, nth: int, ep: ToolEpisode | None) -> tuple[str, str]:
         if nth > self.max_tool_calls:
             return f"error: more than max_tool_calls={self.max_tool_calls} tool calls in this episode", "too_many"
         if call.error:
@@ -462,7 +528,7 @@ class ToolEnvironment(Environment):
         try:
             out = self.invoke(ep, fn, call.arguments)
         except ToolFailed as e:
-            return e.text, e.cls
+            return result_text(e.text), e.cls if e.cls in self.error_classes else "raised"
         except RewardTimeout:
             return f"error: {call.name} timed out after {self.tool_timeout_s:g} s", "timeout"
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- a user's tool may raise anything: an observation
@@ -475,18 +541,21 @@ class ToolEnvironment(Environment):
         return run_limited(lambda: fn(**arguments), self.tool_timeout_s)
 
     def _observation(self, results: list[str], sampled: list[int]) -> tuple[list[int], int]:
-        """The tool turn's ids within max_obs_tokens: each result cut to an equal share of what the structure
-        leaves (a text run can tokenize a few ids longer than its parts: the share shrinks until it fits)."""
+        """The tool turn's ids within max_obs_tokens, always: each result cut to an equal share of what the
+        structure leaves (a text run can tokenize a few ids longer than its parts: the share shrinks until it
+        fits), and at worst every result empty, which start() made sure fits."""
         fmt, limit = self.fmt, self.max_obs_tokens or MAX_OBS_TOKENS
         fixed = len(fmt.tool_turn([""] * len(results), sampled))
         cap = max((limit - fixed) // len(results), 0)
         for _ in range(4):
             cut = [fmt.truncate(r, cap) for r in results]
             ids = fmt.tool_turn([t for t, _ in cut], sampled)
-            if len(ids) <= limit or cap == 0:
+            if len(ids) <= limit:
+                return ids, sum(c for _, c in cut)
+            if cap == 0:
                 break
             cap = max(cap - (len(ids) - limit + len(results) - 1) // len(results), 0)
-        return ids, sum(c for _, c in cut)
+        return fmt.tool_turn([""] * len(results), sampled), sum(bool(r) for r in results)
 
     def episode_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         n = max(sums["n"], 1.0)
@@ -494,4 +563,5 @@ class ToolEnvironment(Environment):
             "rollout/tool_calls_mean": sums["tool_calls"] / n,
             "rollout/tool_errors_mean": sums["tool_errors"] / n,
             "rollout/tool_use_rate": sums["used_tools"] / n,
+            "tool/obs_tokens": sums["obs_tokens"],  # what the engine appended (every observation is a tool turn)
         }

@@ -31,7 +31,7 @@ EPISODE = [
     "multiturn.max_turns=4",
     "multiturn.max_tokens_per_turn=96",
     "multiturn.max_response_tokens=400",
-    "multiturn.max_obs_tokens=64",
+    "multiturn.max_obs_tokens=160",
 ]
 
 

@@ -96,7 +96,7 @@ def test_scripted_episode_exact_tokens_masks_and_contexts():
     assert ro.texts[0] == "<search>bazo</search><answer>417</answer>"  # sampled text only: the reward's input
     assert ro.episodes[0] == {
         "turns": 2, "searches": 1, "invalid": 0, "answered": True, "obs_tokens": len(obs1), "obs_capped": 0,
-        "truncated": "",
+        "truncated": "", "error": "",
     }  # fmt: skip
     # Episode 1: an invalid action gets Search-R1's text, then EOS ends the episode without an answer.
     h = enc("hello" + "x" * 20)
@@ -209,7 +209,7 @@ def test_episode_metrics_values():
     ro = Rollouts(
         [[1], [1]], [[5] * 6, [5] * 4], [[0.0] * 6, [0.0] * 4], [False, True], ["", ""],
         loss_mask=[[1, 1, 0, 0, 1, 1], [1, 0, 1, 1]], turn_index=[[1, 1, 0, 0, 2, 2], [1, 0, 2, 2]],
-        episodes=[{**e1, "truncated": ""}, {**e2, "truncated": "turns"}], env_stats=stats,
+        episodes=[{**e1, "truncated": "", "error": ""}, {**e2, "truncated": "turns", "error": ""}], env_stats=stats,
     )  # fmt: skip
     env = SearchTask(SearchCfg())
     m = episode_metrics(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, torch_device(), env)
@@ -218,6 +218,7 @@ def test_episode_metrics_values():
     assert m["rollout/truncated_turns_rate"] == 0.5 and m["rollout/truncated_tokens_rate"] == 0.0
     assert m["rollout/obs_tokens_mean"] == 20.0 and m["rollout/obs_capped"] == 1.0
     assert m["rollout/trainable_tokens_mean"] == 3.5  # (4 + 3) / 2
+    assert m["rollout/env_errors"] == 0.0 and m["rollout/env_invalid"] == 0.0
     assert m["rollout/logp_diff_turn1"] == pytest.approx(0.05) and m["rollout/logp_diff_turn2"] == pytest.approx(0.025)
     assert "rollout/logp_diff_turn3" not in m
     assert m["retrieval/queries"] == 1.0 and m["retrieval/latency_p50_ms"] == pytest.approx(2.0)

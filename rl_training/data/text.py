@@ -1,0 +1,113 @@
+"""Text that came from a policy, a tool or an environment, made safe to tokenize: total functions whose cost is
+bounded by the budget, not by what the writer chose to send.
+
+- `clean_text`: any string as valid UTF-8 (a lone surrogate, which a model's JSON escape `"\\ud800"` or a tool's
+  output can carry, becomes '?'; every tokenizer takes the result).
+- `encode_plain`: the ids of a text as data. No added token (special, such as `<|im_end|>`, or not, such as
+  Qwen2.5's `<tool_call>`) is ever matched, so a tool's output cannot forge a role boundary. Special tokens are
+  not parsed (`split_special_tokens`); where a non-special added token still matched, the text is split at every
+  added token's string, each is spelled as its first character and the rest, and the pieces are tokenized in one
+  batch call: one pass, linear in the text, whatever number of look-alikes it holds. With `max_tokens`, only a
+  prefix of the text long enough for that many tokens is tokenized (`prefix_for`): a 10 MiB observation costs
+  what its first few thousand characters cost.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_MARGIN = 8  # tokens past the cut: a prefix's last tokens may differ from the whole text's (a merge cut in two)
+
+
+def clean_text(text: Any) -> str:
+    """`text` as a str of valid UTF-8: lone surrogates replaced by '?'; a str subclass as a plain str; anything
+    else (never expected) by its type name."""
+    if not isinstance(text, str):
+        return f"<{_type_name(text)}>"
+    text = str.__str__(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _type_name(x: Any) -> str:
+    try:
+        name = type(x).__name__
+        return name if isinstance(name, str) else "object"
+    except Exception:  # noqa: BLE001 -- a metaclass may make even the type's name raise
+        return "object"
+
+
+class _Added:
+    """What encode_plain needs of a tokenizer's added tokens, computed once per tokenizer."""
+
+    def __init__(self, tokenizer):
+        added = getattr(tokenizer, "added_tokens_encoder", {}) or {}
+        self.ids = frozenset(added.values())
+        texts = sorted((t for t in added if t), key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+_ADDED: dict[int, tuple[Any, _Added]] = {}
+
+
+def _added(tokenizer) -> _Added:
+    key = id(tokenizer)
+    hit = _ADDED.get(key)
+    if hit is None or hit[0] is not tokenizer or len(hit[1].ids) != len(tokenizer.added_tokens_encoder):
+        hit = (tokenizer, _Added(tokenizer))
+        _ADDED[key] = hit
+    return hit[1]
+
+
+def _batch(tokenizer, texts: list[str]) -> list[list[int]]:
+    if not texts:
+        return []
+    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True).input_ids
+
+
+def encode_plain(tokenizer, text: str, max_tokens: int | None = None) -> list[int]:
+    """Ids of `text` as plain text (module docstring); with `max_tokens`, of a prefix that holds at least that many
+    tokens where the text does (the caller cuts at max_tokens). Total: any str, of any length or content."""
+    text = clean_text(text) if max_tokens is None else prefix_for(tokenizer, text, max_tokens)
+    if not text:
+        return []
+    (ids,) = _batch(tokenizer, [text])
+    added = _added(tokenizer)
+    if added.pattern is None or added.ids.isdisjoint(ids):
+        return ids
+    pieces, pos = [], 0
+    for m in added.pattern.finditer(text):
+        tok = m.group()
+        pieces += [text[pos : m.start()], tok[:1], tok[1:]]
+        pos = m.end()
+    pieces.append(text[pos:])
+    distinct = list(dict.fromkeys(p for p in pieces if p))
+    encoded = dict(zip(distinct, _batch(tokenizer, distinct), strict=True))
+    for piece, piece_ids in encoded.items():
+        if not added.ids.isdisjoint(piece_ids):  # matched anyway (normalisation, overlapping tokens): per character
+            encoded[piece] = [i for ch_ids in _batch(tokenizer, list(piece)) for i in ch_ids]
+    return [i for p in pieces if p for i in encoded[p]]
+
+
+def prefix_for(tokenizer, text: str, max_tokens: int) -> str:
+    """The shortest prefix of `text` tried (4 characters a token, doubled while short) that tokenizes to more than
+    max_tokens + a margin, or the whole text, cleaned (clean_text): O(budget) for ordinary text, O(text) at worst,
+    never more; the rest of the text is never read."""
+    text = text if isinstance(text, str) else clean_text(text)
+    n = max(int(max_tokens), 0) * 4 + 64
+    while n < len(text):
+        head = clean_text(text[:n])
+        if len(_batch(tokenizer, [head])[0]) > max_tokens + _MARGIN:
+            return head
+        n *= 2
+    return clean_text(text)
+
+
+def encode_observation(tokenizer, text: str, max_tokens: int) -> tuple[list[int], bool]:
+    """(ids, cut): a text observation as plain ids, at most max_tokens of them, and whether it was longer."""
+    ids = encode_plain(tokenizer, text, max_tokens)
+    return ids[:max_tokens], len(ids) > max_tokens
