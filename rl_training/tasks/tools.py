@@ -543,19 +543,16 @@ class ToolEnvironment(Environment):
     def _observation(self, results: list[str], sampled: list[int]) -> tuple[list[int], int]:
         """The tool turn's ids within max_obs_tokens, always: each result cut to an equal share of what the
         structure leaves (a text run can tokenize a few ids longer than its parts: the share shrinks until it
-        fits), and at worst every result empty, which start() made sure fits."""
+        fits), at worst every result empty."""
         fmt, limit = self.fmt, self.max_obs_tokens or MAX_OBS_TOKENS
         fixed = len(fmt.tool_turn([""] * len(results), sampled))
         cap = max((limit - fixed) // len(results), 0)
-        for _ in range(4):
+        while True:  # the cap falls every round; at 0 every result is empty, which start() made sure fits
             cut = [fmt.truncate(r, cap) for r in results]
             ids = fmt.tool_turn([t for t, _ in cut], sampled)
-            if len(ids) <= limit:
+            if len(ids) <= limit or cap == 0:
                 return ids, sum(c for _, c in cut)
-            if cap == 0:
-                break
-            cap = max(cap - (len(ids) - limit + len(results) - 1) // len(results), 0)
-        return fmt.tool_turn([""] * len(results), sampled), sum(bool(r) for r in results)
+            cap = max(min(cap - 1, cap - (len(ids) - limit + len(results) - 1) // len(results)), 0)
 
     def episode_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         n = max(sums["n"], 1.0)

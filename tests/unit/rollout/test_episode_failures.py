@@ -220,8 +220,8 @@ def test_any_steps_leave_a_well_formed_rollout(steps):
 
 
 def test_the_first_failed_episode_of_each_kind_is_written_beside_the_drawn_samples(tmp_path):
-    """One drawn sample per step (samples_per_step=1) out of 3 episodes; the failed one (row 1) is written too,
-    whole, with the line that says why, whichever row the draw picked."""
+    """One drawn sample per step (samples_per_step=1) out of 3 episodes: seed 4 draws row 2 (choose). The failed
+    episode (row 1) is written too, whole, with the line that says why."""
     import json
     from types import SimpleNamespace
 
@@ -230,13 +230,13 @@ def test_the_first_failed_episode_of_each_kind_is_written_beside_the_drawn_sampl
 
     ro = run(Flaky("step"))
     run_cfg = SimpleNamespace(samples_per_step=1, samples_every=1, samples_max_mb=1.0)
-    hook = StepSamples(run_cfg, seed=0, group_size=3, tokenizer=TOK, run_dir=tmp_path, is_main=True, start_step=0)
+    hook = StepSamples(run_cfg, seed=4, group_size=3, tokenizer=TOK, run_dir=tmp_path, is_main=True, start_step=0)
     logger = SimpleNamespace(text=lambda *a: None, wandb=NullWandb())
     scores = SimpleNamespace(rewards=[0.0, 0.0, 0.0], parts={})
     hook(1, ro, scores, [0.0, 0.0, 0.0], {}, logger)
     lines = [json.loads(x) for x in (tmp_path / "samples" / "samples_000001.jsonl").read_text().splitlines()]
-    drawn = choose(0, 1, [3], 1)[0][1]
-    assert sorted(r["index"] for r in lines) == sorted({drawn, 1})
+    assert choose(4, 1, [3], 1) == [(0, 2)]
+    assert sorted(r["index"] for r in lines) == [1, 2]
     (bad,) = [r for r in lines if r["index"] == 1]
     assert bad["episode"]["error"] == "env_error: Flaky.step raised ValueError: step broke on two lines"
     assert bad["completion"] == "ab"
