@@ -8,7 +8,7 @@ bounded by the budget, not by what the writer chose to send.
   not parsed (`split_special_tokens`); where a non-special added token still matched, the text is split at every
   added token's string, each is spelled as its first character and the rest, and the pieces are tokenized in one
   batch call: one pass, linear in the text, whatever number of look-alikes it holds. With `max_tokens`, only a
-  prefix of the text long enough for that many tokens is tokenized (`prefix_for`): a 10 MiB observation costs
+  prefix of the text long enough for that many tokens is tokenized (`encode_prefix`): a 10 MiB observation costs
   what its first few thousand characters cost.
 """
 
@@ -70,9 +70,29 @@ def _batch(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def encode_plain(tokenizer, text: str, max_tokens: int | None = None) -> list[int]:
-    """Ids of `text` as plain text (module docstring); with `max_tokens`, of a prefix that holds at least that many
-    tokens where the text does (the caller cuts at max_tokens). Total: any str, of any length or content."""
-    text = clean_text(text) if max_tokens is None else prefix_for(tokenizer, text, max_tokens)
+    """Ids of `text` as plain text (module docstring); with `max_tokens`, of a prefix that holds more than that
+    many tokens where the text does (encode_prefix; the caller cuts). Total: any str, of any length or content."""
+    if max_tokens is None:
+        return _plain(tokenizer, clean_text(text))
+    return encode_prefix(tokenizer, text, max_tokens)[0]
+
+
+def encode_prefix(tokenizer, text: str, max_tokens: int) -> tuple[list[int], bool]:
+    """(plain ids of a prefix of `text`, whether that prefix is the whole text). The prefix tried first is 4
+    characters a token, doubled while it encodes to no more than max_tokens + a margin: O(budget) for ordinary
+    text and for runs of look-alikes (counted as the plain tokens they become), O(text) at worst, never more;
+    the rest of the text is never read."""
+    text = text if isinstance(text, str) else clean_text(text)
+    n = max(int(max_tokens), 0) * 4 + 64
+    while n < len(text):
+        ids = _plain(tokenizer, clean_text(text[:n]))
+        if len(ids) > max_tokens + _MARGIN:
+            return ids, False
+        n *= 2
+    return _plain(tokenizer, clean_text(text)), True
+
+
+def _plain(tokenizer, text: str) -> list[int]:
     if not text:
         return []
     (ids,) = _batch(tokenizer, [text])
@@ -93,21 +113,7 @@ def encode_plain(tokenizer, text: str, max_tokens: int | None = None) -> list[in
     return [i for p in pieces if p for i in encoded[p]]
 
 
-def prefix_for(tokenizer, text: str, max_tokens: int) -> str:
-    """The shortest prefix of `text` tried (4 characters a token, doubled while short) that tokenizes to more than
-    max_tokens + a margin, or the whole text, cleaned (clean_text): O(budget) for ordinary text, O(text) at worst,
-    never more; the rest of the text is never read."""
-    text = text if isinstance(text, str) else clean_text(text)
-    n = max(int(max_tokens), 0) * 4 + 64
-    while n < len(text):
-        head = clean_text(text[:n])
-        if len(_batch(tokenizer, [head])[0]) > max_tokens + _MARGIN:
-            return head
-        n *= 2
-    return clean_text(text)
-
-
 def encode_observation(tokenizer, text: str, max_tokens: int) -> tuple[list[int], bool]:
     """(ids, cut): a text observation as plain ids, at most max_tokens of them, and whether it was longer."""
-    ids = encode_plain(tokenizer, text, max_tokens)
+    ids, _ = encode_prefix(tokenizer, text, max_tokens)
     return ids[:max_tokens], len(ids) > max_tokens

@@ -47,7 +47,7 @@ from typing import Any
 
 from rl_training.base.errors import UserError, one_line
 from rl_training.data.sources import Example
-from rl_training.data.text import clean_text, encode_plain, prefix_for
+from rl_training.data.text import clean_text, encode_plain, encode_prefix
 from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn, time_limit
 
 ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many", "crash")
@@ -320,9 +320,8 @@ class ChatToolFormat:
         """`text` cut to at most `cap` plain tokens, ending with the TRUNCATED marker where the cap holds it (an
         empty result where it does not), or as is. Only a prefix of a long text is tokenized (encode_plain's
         max_tokens), so the cost follows the cap, not the text."""
-        head = prefix_for(self.tok, text, cap)  # the whole text when it is short
-        ids = encode_plain(self.tok, head)
-        if len(head) == len(text) and len(ids) <= cap:
+        ids, whole = encode_prefix(self.tok, text, cap)
+        if whole and len(ids) <= cap:
             return text, False
         marker = len(encode_plain(self.tok, TRUNCATED))
         if cap < marker:
