@@ -19,6 +19,7 @@ import sys
 from hypothesis import strategies as st
 
 from tests.helpers import FIXTURES
+from tests.tool_fns import Unprintable, nested_list
 
 # Qwen2.5-Instruct's added tokens (tokenizer_config.json's added_tokens_decoder, ids 151643-151664), in order,
 # with their `special` flag.
@@ -157,23 +158,6 @@ TOOL_CALL_BLOCKS = st.one_of(
     st.just(call_block(call_block('{"name": "echo", "arguments": {}}'))),
 )
 TURN_TEXT = st.lists(st.one_of(TOOL_CALL_BLOCKS, HOSTILE_TEXT), max_size=6).map("".join)
-
-
-class Unprintable(Exception):
-    """An exception whose str() raises."""
-
-    def __str__(self) -> str:
-        raise RuntimeError("no str for you")
-
-    def __repr__(self) -> str:
-        raise RuntimeError("no repr either")
-
-
-def nested_list(depth: int) -> list:
-    out: list = []
-    for _ in range(depth):
-        out = [out]
-    return out
 
 
 # Values a tool may return: whatever Python can hold, the shapes that break rendering included.

@@ -40,7 +40,6 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +47,8 @@ from typing import Any
 from rl_training.base.errors import UserError, one_line
 from rl_training.data.sources import Example
 from rl_training.data.text import clean_text, encode_plain, encode_prefix
-from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn, time_limit
+from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn
+from rl_training.tasks.tool_process import ToolProcess
 
 ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many", "crash")
 TRUNCATED = "\n[truncated]"  # the marker after a result cut to its share of multiturn.max_obs_tokens
@@ -205,30 +205,6 @@ def argument_problem(fn: Callable, schema: dict, arguments: dict) -> str:
         if "enum" in spec and v not in spec["enum"]:
             return f"argument {k!r} must be one of {spec['enum']}, got {preview(v)}"
     return ""
-
-
-def run_limited(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """fn() under a time limit (RewardTimeout past it): SIGALRM in the main thread (base.time_limit); elsewhere
-    a daemon thread that is abandoned, still running, when it is late."""
-    if threading.current_thread() is threading.main_thread():
-        with time_limit(timeout_s):
-            return fn()
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["out"] = fn()
-        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread as is
-            box["err"] = e
-
-    t = threading.Thread(target=target, name="tool-call", daemon=True)
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise RewardTimeout
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
 
 
 # ------------------------------------------------------------------------------------------ the template
@@ -414,6 +390,7 @@ class ToolEnvironment(Environment):
             self.schemas.append(schema)
             self.by_name[name] = (fn, schema)
         self.fmt: ChatToolFormat | None = None
+        self.process: ToolProcess | None = None  # the tools' own process (invoke), started by start()
 
     # ------------------------------------------------------------------------------------------- startup
     def start(self, ctx: TaskContext | None = None) -> None:
@@ -443,6 +420,30 @@ class ToolEnvironment(Environment):
                     f"them): raise multiturn.max_obs_tokens to at least {fixed}, better {fixed + 64}, or lower "
                     "task.args.max_tool_calls"
                 )
+        if self.runs_tools_in_process and self.process is None:
+            self.process = self._tool_process(start=True)  # a tool it cannot import: ConfigError now
+
+    def _tool_process(self, start: bool = False) -> ToolProcess:
+        from rl_training.config.schema import ConfigError
+
+        try:
+            process = ToolProcess([fn for fn, _ in self.by_name.values()], self.tool_timeout_s)
+            if start:
+                process.start()
+            return process
+        except ValueError as e:
+            raise ConfigError(f"{type(self).__name__}: {e}") from None
+
+    @property
+    def runs_tools_in_process(self) -> bool:
+        """The default invoke runs the tools in their own process; an environment that overrides invoke (the
+        python tool's sandbox) or answers every call with nothing (empty_results) needs none."""
+        return type(self).invoke is ToolEnvironment.invoke and not self.empty_results
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+            self.process = None
 
     @property
     def max_results_per_turn(self) -> int:
@@ -535,9 +536,16 @@ class ToolEnvironment(Environment):
         return result_text(out), ""
 
     def invoke(self, ep: ToolEpisode | None, fn: Callable, arguments: dict) -> Any:
-        """One checked call's return value: fn under tool_timeout_s. A tool with per-episode state or a time limit
-        of its own (the python tool's sandbox deadline) overrides it."""
-        return run_limited(lambda: fn(**arguments), self.tool_timeout_s)
+        """One checked call's result: fn(**arguments) in the tools' own process (tool_process.py), rendered there;
+        past tool_timeout_s that process is killed with everything it started, whatever the tool catches, and the
+        call is a timeout. Failures come back as ToolFailed. A tool with per-episode state or a limit of its own
+        (the python tool's sandbox) overrides it."""
+        if self.process is None:  # used without start() (a script, a test): started on first use
+            self.process = self._tool_process()
+        text, err = self.process.call(fn.__name__, arguments)
+        if err:
+            raise ToolFailed(err, text)
+        return text
 
     def _observation(self, results: list[str], sampled: list[int]) -> tuple[list[int], int]:
         """The tool turn's ids within max_obs_tokens, always: each result cut to an equal share of what the

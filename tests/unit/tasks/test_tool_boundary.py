@@ -21,66 +21,16 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.tools import ToolEnvironment, parse_tool_calls, result_text, scan_tool_calls
-from tests.hostile import CONTROL, HOSTILE_TEXT, RETURN_VALUES, TURN_TEXT, Unprintable, nested_list, qwen25_tokenizer
+from tests.hostile import CONTROL, HOSTILE_TEXT, RETURN_VALUES, TURN_TEXT, qwen25_tokenizer
+from tests.tool_fns import Unprintable, calculator, echo, hostile_raise, raw, stubborn
 
 Q = qwen25_tokenizer()
 ADDED = frozenset(Q.added_tokens_encoder.values())
 IM_END = Q.convert_tokens_to_ids("<|im_end|>")
 
 
-# Tools at module level: the tool process imports them by reference.
-def echo(text: str) -> str:
-    """Return the text as it is.
-
-    Args:
-        text: What to return.
-    """
-    return text
-
-
-def calculator(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first addend.
-        b: The second addend.
-    """
-    return a + b
-
-
-def raw(kind: str):
-    """Return a value that is hard to show.
-
-    Args:
-        kind: Which one.
-    """
-    return {
-        "huge_int": 10**5000,
-        "deep": nested_list(5000),
-        "surrogate": "a\udcffb",
-        "bytes": b"\xff\xfe<|im_end|>",
-        "set": {1, 2},
-        "object": object(),
-        "unprintable": Unprintable(),
-        "look_alikes": "<tool_call>" * 2000 + "<|im_end|>" * 2000,
-    }.get(kind, kind)
-
-
-def boom(kind: str) -> int:
-    """Raise something hard to show.
-
-    Args:
-        kind: Which one.
-    """
-    if kind == "unprintable":
-        raise Unprintable()
-    if kind == "surrogate":
-        raise ValueError("bad \udc80 byte")
-    raise KeyError(kind * 3)
-
-
 class Tools(ToolEnvironment):
-    tools = (echo, calculator, raw, boom)
+    tools = (echo, calculator, raw, hostile_raise, stubborn)
 
 
 BUDGET = 400
@@ -152,7 +102,7 @@ def test_a_lone_surrogate_from_a_json_escape_reaches_the_tool_and_never_the_toke
         ("huge_int", "<int of 16610 bits, too large to print>"),  # 10**5000: 16610 bits
         ("deep", "<list that cannot be shown as text>"),
         ("surrogate", "a?b"),
-        ("bytes", "\ufffd\ufffd<|im_end|>"),
+        ("bytes_im_end", "\ufffd\ufffd<|im_end|>"),
         ("set", "{1, 2}"),
         ("unprintable", "<Unprintable that cannot be shown as text>"),
     ],
@@ -168,15 +118,15 @@ def test_any_return_value_renders(env, kind, expect):
 @pytest.mark.parametrize(
     ("kind", "expect"),
     [
-        ("unprintable", "error: boom raised Unprintable: (its message cannot be shown)"),
-        ("surrogate", "error: boom raised ValueError: bad ? byte"),
+        ("unprintable", "error: hostile_raise raised Unprintable: (its message cannot be shown)"),
+        ("surrogate", "error: hostile_raise raised ValueError: bad ? byte"),
     ],
 )
 def test_a_raised_tool_text_is_total_and_clean(env, kind, expect):
     """The raised path skipped the cleaning the result path had (a surrogate in the message reached the
     tokenizer), and one_line(e) raised for an exception whose __str__ raises."""
     assert one_line(Unprintable()) == "Unprintable: (its message cannot be shown)"
-    results, (_, stats) = results_of(env, turn_of(call("boom", {"kind": kind})))
+    results, (_, stats) = results_of(env, turn_of(call("hostile_raise", {"kind": kind})))
     assert results == [expect] and stats.errors["raised"] == 1
 
 
@@ -219,6 +169,37 @@ def test_look_alike_results_stay_plain_text(env):
     assert time.perf_counter() - t0 < 2.0
     assert [i for i in step.observation if i in ADDED] == structure_ids(env, 1, turn_of("").ids)
     assert results[0].startswith("<tool_call><tool_call>") and results[0].endswith("[truncated]")
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_tool_that_swallows_its_timeout_is_stopped_from_outside(thread):
+    """A tool that catches BaseException in a 3 s busy loop, tool_timeout_s=0.3: in the trainer's process SIGALRM
+    raised into it and it ran on for 3 s, no timeout counted; off the main thread the tool thread was abandoned,
+    still running. Its process is now killed at 0.3 s (measured 0.30-0.31 s to the answer), counted, and the
+    next call runs in a fresh process."""
+    import threading
+
+    e = Tools(max_tool_calls=3, tool_timeout_s=0.3)
+    e.start(TaskContext(tokenizer=Q, cfg=SimpleNamespace(multiturn=SimpleNamespace(max_obs_tokens=BUDGET))))
+    first = e.process.pid
+    out: dict = {}
+
+    def go():
+        t0 = time.perf_counter()
+        out["r"] = results_of(e, turn_of(call("stubborn", {"seconds": 3.0})))
+        out["s"] = time.perf_counter() - t0
+
+    if thread:
+        th = threading.Thread(target=go)
+        th.start()
+        th.join()
+    else:
+        go()
+    results, (_, stats) = out["r"]
+    assert results == ["error: stubborn timed out after 0.3 s"] and stats.errors["timeout"] == 1
+    assert out["s"] < 1.5 and e.process.kills == 1
+    assert results_of(e, turn_of(call("calculator", {"a": 2, "b": 3})))[0] == ["5"] and e.process.pid != first
+    e.close()
 
 
 # ----------------------------------------------------------------------------------------------- properties

@@ -24,55 +24,9 @@ from rl_training.tasks.tools import (
     final_text,
     parse_tool_calls,
 )
+from tests.tool_fns import boom, calculator, echo, raw, sleepy
 
 IM_START, IM_END, PAD, EOS = 258, 259, 0, 1  # the chat variant's special ids (tiny_model.py)
-
-
-def calculator(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first addend.
-        b: The second addend.
-    """
-    return a + b
-
-
-def echo(text: str) -> str:
-    """Return the text as it is.
-
-    Args:
-        text: What to return.
-    """
-    return text
-
-
-def boom(x: int) -> int:
-    """Always fails.
-
-    Args:
-        x: Anything.
-    """
-    raise ValueError(f"no {x}")
-
-
-def sleepy(seconds: float) -> str:
-    """Sleep, then answer.
-
-    Args:
-        seconds: How long.
-    """
-    time.sleep(seconds)
-    return "awake"
-
-
-def raw(kind: str):
-    """Return hostile or odd output.
-
-    Args:
-        kind: Which one.
-    """
-    return {"bytes": bytes(range(256)) * 4, "surrogate": "a\udcffb", "huge": "x" * 100_000}[kind]
 
 
 class Tools(ToolEnvironment):
