@@ -152,7 +152,10 @@ class PythonToolEnvironment(ToolEnvironment):
         ctx = ctx or TaskContext()
         super().start(ctx)
         s = getattr(ctx.cfg, "sandbox", None) or SandboxCfg()
-        configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size)
+        # fresh: every call gets a sandbox of its own. The episodes of a group share a prompt, so anything one call
+        # left in a reused worker (a locked directory, /tmp's mode or times, the template's rlimits, the pid counter)
+        # could carry an answer to another episode; the cost is a sandbox start per call (docs/tools.md).
+        configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size, fresh=True)
         self.pool = get_pool()
         if ctx.rank == 0:
             print(f"python tool sandbox protections: {self.pool.protections.summary()}", flush=True)

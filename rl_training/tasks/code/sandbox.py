@@ -87,6 +87,7 @@ class PoolSettings:
     python: str = ""  # interpreter run inside; "" = this one if the sandbox uid can read it, else /usr/bin/python3
     seccomp: bool = True  # strict mode's system-call filter; off only for the tests' controls and the benchmark
     seccomp_errno: int = errno.EPERM  # what the filter answers a refused call (tests mark the filter's refusals)
+    fresh: bool = False  # True: every worker runs one job and is closed, a new sandbox per job (the python tool)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,15 @@ def _interpreter_candidates(setting: str) -> list[str]:
     return [here] + ([p] if (p := shutil.which("python3", path="/usr/bin")) and os.path.realpath(p) != here else [])
 
 
-def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int, seccomp_fd: int | None = None) -> list[str]:
+def worker_argv(python: str, ctl_fd: int, mode: str, fresh: bool) -> list[str]:
+    """The interpreter's command line: worker.py's template. A fresh pool's template serves one program, so it
+    skips the modules a reused one preloads for all of its programs (about 13 ms of a 65 ms start, measured)."""
+    return [python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(ctl_fd), mode, "lean" if fresh else "preload"]
+
+
+def bwrap_argv(
+    python: str, tmpfs_bytes: int, ctl_fd: int, seccomp_fd: int | None = None, fresh: bool = False
+) -> list[str]:
     """The bwrap command line of one strict worker (see the module docstring for what each part stops)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -172,23 +181,31 @@ def bwrap_argv(python: str, tmpfs_bytes: int, ctl_fd: int, seccomp_fd: int | Non
     argv += ["--clearenv", "--new-session", "--die-with-parent"]
     if seccomp_fd is not None:  # bwrap reads the program from the fd and loads it just before the exec
         argv += ["--seccomp", str(seccomp_fd)]
-    return [*argv, "--", python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(ctl_fd), "strict"]
+    return [*argv, "--", *worker_argv(python, ctl_fd, "strict", fresh)]
 
 
 class Worker:
-    """One sandbox: a bwrap process whose template forks candidates; driven over a SOCK_SEQPACKET socket."""
+    """One sandbox: a bwrap process whose template forks candidates; driven over a SOCK_SEQPACKET socket.
 
-    def __init__(self, settings: PoolSettings, python: str, confinement: Confinement = Confinement()):
+    Starting is two steps: the constructor starts bwrap (fast; the Pool does it on its spawner thread, see there),
+    `wait_ready` waits for the template's answer (tens of ms: bwrap, the interpreter, its imports); with
+    wait=False the caller does the second step, on any thread, so that several sandboxes start at once."""
+
+    def __init__(
+        self, settings: PoolSettings, python: str, confinement: Confinement = Confinement(), wait: bool = True
+    ):
         self.settings, self.python = settings, python
         self.cgroup: Path | None = None
+        self._lock = threading.Lock()  # kill() from Pool.close against close() from the thread that owns it
+        self._closed = False
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         strict = settings.mode == "strict"
         fd = theirs.fileno()
         bpf = seccomp_filter.bpf_fd(confinement.bpf) if strict and confinement.bpf is not None else None
         argv = (
-            bwrap_argv(python, settings.tmpfs_bytes, fd, bpf)
+            bwrap_argv(python, settings.tmpfs_bytes, fd, bpf, settings.fresh)
             if strict
-            else [python, "-I", "-S", "-B", "-c", _WORKER_SRC, str(fd), "weak"]
+            else worker_argv(python, fd, "weak", settings.fresh)
         )
         drop = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
         self._err = tempfile.TemporaryFile()
@@ -205,13 +222,19 @@ class Worker:
                 os.close(bpf)
         theirs.close()
         self.ctl = ctl
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Wait for the template's first answer; a sandbox that does not give it is closed and SandboxUnavailable
+        says why (bwrap's own error output)."""
         try:
-            self.request({"op": "ping"}, timeout=20.0)
+            self.request({"op": "ping"}, timeout=timeout)
         except SandboxBroken:
             self._err.seek(0)
             err = self._err.read().decode(errors="replace").strip()[-2000:]
             self.close()
-            raise SandboxUnavailable(_explain(err, strict)) from None
+            raise SandboxUnavailable(_explain(err, self.settings.mode == "strict")) from None
 
     def _start(self, argv: list[str], fds: list[int], drop: dict, confinement: Confinement) -> subprocess.Popen:
         gate = None
@@ -269,13 +292,28 @@ class Worker:
             raise SandboxBroken(f"worker closed during {msg['op']!r}")
         return json.loads(data)
 
+    def kill(self) -> None:
+        """SIGKILL to the sandbox, from another thread than the one that owns it (that one still calls close):
+        a start waiting for the template's answer then reads end-of-file. A no-op once closed, so that a pid
+        reaped and reused is never signalled."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    os.killpg(self.proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+
     def close(self) -> None:
         """Kill the whole sandbox: SIGKILL to bwrap's session takes its pid namespace (every process) with it."""
-        try:
-            os.killpg(self.proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
         self.ctl.close()
         self._err.close()
         if self.cgroup is not None:
@@ -427,7 +465,12 @@ class Ran(Generic[T]):
 
 
 class Pool:
-    """Idle workers handed out one job at a time; a worker that misbehaves is replaced by a fresh one."""
+    """Idle workers handed out one job at a time; a worker that misbehaves is replaced by a fresh one.
+
+    With settings.fresh every worker serves one job and is then closed: each job starts on a sandbox made for it
+    (its own /tmp, /dev/shm, pid, ipc, uts and net namespaces), where a reused worker only empties /tmp and
+    /dev/shm between jobs and keeps the rest (docs/code.md lists what). A replacement is started when a worker is
+    handed out, so `size` sandboxes are ready or starting while up to `size` run jobs."""
 
     def __init__(self, settings: PoolSettings = PoolSettings()):
         self.settings = settings
@@ -436,15 +479,26 @@ class Pool:
         self.python = self._pick_python()
         self._idle: list[Worker] = []
         self._cv = threading.Condition()
+        self._starting: set[Worker] = set()  # bwrap started, its template not yet answering (Pool.close kills them)
+        self._pending = 0  # starts asked for and not yet ended (idle, failed or closed)
+        self._busy = 0
+        self._start_error: SandboxUnavailable | None = None
+        self._closed = False
         self.weak_runs = 0
         self.restarts = 0
         self.size = n
         # bwrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it ends:
-        # every worker is started from this one long-lived thread, never from a scoring thread.
+        # every worker is started from this one long-lived thread, never from a scoring thread. Only the fork and
+        # exec happen there; the wait for the template's answer (the slow part) runs on the starter threads, so
+        # that sandboxes start side by side.
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawn")
+        self._starter = ThreadPoolExecutor(min(n, 64), thread_name_prefix="sandbox-start")
         try:
-            for _ in range(n):
-                self._idle.append(self._spawn())
+            with self._cv:
+                self._refill()
+                self._cv.wait_for(lambda: not self._pending)
+                if self._start_error is not None:
+                    raise self._start_error
         except BaseException:
             self.close()
             raise
@@ -459,22 +513,87 @@ class Pool:
                 errors.append(f"{py}: {e}")
         raise SandboxUnavailable("; ".join(errors))
 
+    def _refill(self) -> None:
+        """Start workers (in the background) until `size` are idle or starting; called holding self._cv."""
+        for _ in range(self.size - len(self._idle) - self._pending):
+            self._pending += 1
+            self._starter.submit(self._start_one)
+
+    def _start_one(self) -> None:
+        """One background start: bwrap on the spawner thread, then the wait for its template here."""
+        w, error = None, None
+        try:
+            if self._closed:
+                return
+            w = self._spawner.submit(Worker, self.settings, self.python, self.confinement, False).result()
+            with self._cv:
+                self._starting.add(w)
+                if self._closed:
+                    w.kill()
+            w.wait_ready()
+        except SandboxUnavailable as e:
+            error = e
+        except Exception as e:  # noqa: BLE001 -- raised to the next acquire, not lost in this thread's future
+            error = SandboxUnavailable(f"cannot start a sandbox: {type(e).__name__}: {e}")
+        finally:
+            with self._cv:
+                self._pending -= 1
+                self._starting.discard(w)
+                if error is None and w is not None and not self._closed:
+                    self._idle.append(w)
+                    w = None
+                elif error is not None and not self._closed:
+                    self._start_error = error
+                self._cv.notify_all()
+            if w is not None:
+                w.close()
+
     def _spawn(self) -> Worker:
-        return self._spawner.submit(Worker, self.settings, self.python, self.confinement).result()
+        w = self._spawner.submit(Worker, self.settings, self.python, self.confinement, False).result()
+        w.wait_ready()
+        return w
 
     def acquire(self) -> Worker:
+        """An idle worker; in fresh mode its replacement starts now, so the next job finds one ready. A start that
+        failed (SandboxUnavailable) is raised here once nothing else is idle or starting."""
         with self._cv:
-            self._cv.wait_for(lambda: self._idle)
-            return self._idle.pop()
+            while True:
+                if self._closed:
+                    raise RuntimeError("the sandbox pool is closed")
+                if self._idle and self._busy < self.size:
+                    break
+                if self._start_error is not None and not self._pending:
+                    error, self._start_error = self._start_error, None
+                    raise error
+                if self.settings.fresh and self._start_error is None:
+                    self._refill()
+                self._cv.wait()
+            w = self._idle.pop()
+            self._busy += 1
+            if self.settings.fresh:
+                self._refill()
+            return w
 
     def release(self, w: Worker, broken: bool) -> None:
+        """A worker back from a job: idle again, or closed (fresh mode, broken, or the pool closed meanwhile); a
+        broken one of a reused pool is replaced here, by the caller's thread, as it always was."""
         if broken:
-            w.close()
             self.restarts += 1
-            w = self._spawn()
-        with self._cv:
-            self._idle.append(w)
-            self._cv.notify()
+        keep = not (broken or self.settings.fresh or self._closed)
+        if not keep:
+            w.close()
+        try:
+            if broken and not self.settings.fresh and not self._closed:
+                w, keep = self._spawn(), True
+        finally:
+            with self._cv:
+                self._busy -= 1
+                if keep and not self._closed:
+                    self._idle.append(w)
+                    keep = False
+                self._cv.notify_all()
+            if keep:  # the pool closed while this worker ran a job or started
+                w.close()
 
     def run(self, drive: Callable[[Job], T], timeout_s: float, limits: Limits | None = None) -> Ran[T]:
         """drive(job) against a fresh candidate in an idle worker, then every process of the job killed and
@@ -497,8 +616,9 @@ class Pool:
         finally:
             ours.close()
             if not broken:
-                try:
-                    status = w.request({"op": "reap"}, timeout=REAP_S).get("status")
+                try:  # a fresh pool's sandbox is closed next: its /tmp and /dev/shm go with it
+                    reap = {"op": "reap", "empty": not self.settings.fresh}
+                    status = w.request(reap, timeout=REAP_S).get("status")
                 except SandboxBroken:
                     broken = True
             if self.settings.mode == "weak":
@@ -513,8 +633,15 @@ class Pool:
         self.close()
 
     def close(self) -> None:
+        """Kill every worker: the idle ones, those starting (their starts then end), and those running a job as
+        they come back."""
         with self._cv:
-            for w in self._idle:
-                w.close()
-            self._idle.clear()
+            self._closed = True
+            idle, self._idle = self._idle, []
+            for w in self._starting:
+                w.kill()
+            self._cv.notify_all()
+        for w in idle:
+            w.close()
+        self._starter.shutdown(wait=True, cancel_futures=True)
         self._spawner.shutdown()

@@ -133,14 +133,19 @@ _settings = PoolSettings()
 
 
 def configure(
-    workers: int = 0, mode: str = "strict", memory_mb: int = 1024, output_kb: int = 1024, ranks_per_node: int = 1
+    workers: int = 0,
+    mode: str = "strict",
+    memory_mb: int = 1024,
+    output_kb: int = 1024,
+    ranks_per_node: int = 1,
+    fresh: bool = False,
 ) -> None:
-    """Pool settings for this process (CodeTask.start, from cfg.sandbox and the ranks on this node); a running
-    pool is replaced."""
+    """Pool settings for this process (CodeTask.start, PythonToolEnvironment.start, from cfg.sandbox and the ranks
+    on this node); a running pool with other settings is replaced. fresh: a new sandbox per job (PoolSettings)."""
     global _settings, _pool
     limits = Limits(mem_bytes=memory_mb << 20, msg_bytes=output_kb << 10)
     with _lock:
-        new = PoolSettings(workers=workers, mode=mode, limits=limits, ranks_per_node=ranks_per_node)
+        new = PoolSettings(workers=workers, mode=mode, limits=limits, ranks_per_node=ranks_per_node, fresh=fresh)
         if _pool is not None and new != _settings:
             _pool.close()
             _pool = None

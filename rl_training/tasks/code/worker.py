@@ -1,15 +1,17 @@
 """The sandbox side: a template process that forks one fresh candidate per program, and the value codec.
 
-This file runs inside the bubblewrap sandbox as `python -I -S -c <this source> <ctl_fd> <mode>` (standard
-library only, no site-packages) and is also imported by the trusted side for `encode`/`decode` and the
-framing, so both ends share one protocol. Nothing here decides a verdict: the candidate can only send back
-plain values, which the trusted side (harness.py) decodes into builtin types and judges.
+This file runs inside the bubblewrap sandbox as `python -I -S -c <this source> <ctl_fd> <mode> <preload|lean>`
+(standard library only, no site-packages; lean: no common modules imported ahead, for a sandbox that serves one
+program) and is also imported by the trusted side for `encode`/`decode` and the framing, so both ends share one
+protocol. Nothing here decides a verdict: the candidate can only send back plain values, which the trusted side
+(harness.py) decodes into builtin types and judges.
 
 Protocol
 - control (SOCK_SEQPACKET, trusted <-> template): {"op": "run", "limits": {...}} with one fd (the job
-  socket) -> the template forks a candidate on it and answers {"op": "started"}; {"op": "reap"} -> it
-  kills every other process of the sandbox, reaps them and answers {"op": "reaped", "status": <wait status
-  of the candidate or null>} (a classification hint only, never a verdict).
+  socket) -> the template forks a candidate on it (no answer); {"op": "reap", "empty": bool}
+  -> it kills every other process of the sandbox, reaps them, empties /tmp and /dev/shm unless "empty" is false
+  (a sandbox closed after one job) and answers {"op": "reaped", "status": <wait status of the candidate or
+  null>} (a classification hint only, never a verdict).
 - job (SOCK_STREAM, trusted <-> candidate, 4-byte big-endian length + UTF-8 JSON): first {"code", "name",
   "setup"} -> {"ok": true} or {"error": class, "detail"}; then {"call": fn, "args", "kwargs"} ->
   {"value": v} | {"raise": type name} | {"unencodable": type name}, or {"stdin": text} -> {"stdout": text,
@@ -324,7 +326,7 @@ def _not_ours(status):
     return status
 
 
-def template_main(ctl_fd, mode):
+def template_main(ctl_fd, mode, preload=True):
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -333,8 +335,8 @@ def template_main(ctl_fd, mode):
     import builtins
 
     builtins.exit = builtins.quit = sys.exit  # what `site` (skipped: -S) would provide; programs call exit()
-    preload = "shutil resource io numbers math re collections itertools functools heapq bisect string typing"
-    for mod in preload.split():
+    common = "shutil resource io numbers math re collections itertools functools heapq bisect string typing"
+    for mod in common.split() if preload else ():
         __import__(mod)  # imported once here, so each forked candidate starts with them loaded
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=ctl_fd)
     child = None
@@ -357,8 +359,8 @@ def template_main(ctl_fd, mode):
             reaped = _kill_all(mode == "strict", watch=child)
             if status is None:  # it ended on its own between the look and the kill: its status, not the kill's
                 status = _not_ours(reaped)
-            if mode == "strict":
-                _empty_dirs(("/tmp", "/dev/shm"))  # the next program starts with nothing a previous one left
+            if mode == "strict" and msg.get("empty", True):  # not when the sandbox is closed next (a fresh pool)
+                _empty_dirs(("/tmp", "/dev/shm"))  # the next program starts with no file a previous one left
             ctl.send(json.dumps({"op": "reaped", "status": status}).encode())
             child = None
         elif msg["op"] == "ping":
@@ -366,4 +368,4 @@ def template_main(ctl_fd, mode):
 
 
 if __name__ == "__main__":
-    template_main(int(sys.argv[1]), sys.argv[2])
+    template_main(int(sys.argv[1]), sys.argv[2], sys.argv[3:4] != ["lean"])

@@ -142,6 +142,88 @@ def test_batch_is_parallel_and_bounded_by_the_deadline(pool):
     assert took < 2.9
 
 
+# ---------------------------------------------------------------- a sandbox per job (the python tool's pool)
+# The first job's program leaves what a reused worker's cleanup cannot remove: a directory it made unreadable.
+PLANT = Program(
+    "import os\n"
+    "def f():\n"
+    "    os.mkdir('/tmp/locked')\n"
+    "    open('/tmp/locked/secret', 'w').write('42')\n"
+    "    os.chmod('/tmp/locked', 0)\n"
+    "    open('/dev/shm/marker', 'w').write('42')\n"
+    "    return sorted(os.listdir('/tmp') + os.listdir('/dev/shm')), os.getpid()\n",
+    "call",
+    tests=("assert f() == (['locked', 'marker'], 3)",),  # bwrap's reaper is pid 1, the template 2, a job 3
+)
+LOOK = Program("import os\ndef f():\n    return os.listdir('/tmp') + os.listdir('/dev/shm'), os.getpid()\n",
+               "call", tests=("assert f() == ([], 3)",))  # fmt: skip
+
+
+def bwrap_pids(pool) -> list[int]:
+    """The host pid of the bwrap each later job of `pool` runs in, recorded as the jobs take their workers."""
+    seen, take = [], pool.acquire
+
+    def acquire():
+        w = take()
+        seen.append(w.proc.pid)
+        return w
+
+    pool.acquire = acquire
+    return seen
+
+
+def test_a_fresh_pool_gives_every_job_a_sandbox_of_its_own():
+    """PoolSettings.fresh: no job sees a file, a directory or the pid counter of an earlier one, and no sandbox
+    serves two jobs. The reused pool (the code tasks') still serves the jobs of a 1-worker pool from one sandbox."""
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings
+
+    with Pool(PoolSettings(workers=1, fresh=True)) as fresh:
+        seen = bwrap_pids(fresh)
+        got = [judge(fresh, p, 5.0) for p in (PLANT, LOOK, PLANT, LOOK)]
+        assert [(v.passed, v.failure) for v in got] == [(True, None)] * 4
+        assert len(seen) == 4 and len(set(seen)) == 4 and fresh.restarts == 0
+    with Pool(PoolSettings(workers=1)) as reused:
+        seen = bwrap_pids(reused)
+        assert judge(reused, ADD, 5.0).passed and judge(reused, ADD, 5.0).passed
+        assert len(seen) == 2 and len(set(seen)) == 1
+
+
+def test_fresh_sandboxes_start_side_by_side_and_close_kills_those_starting():
+    """Handing out a worker starts its replacement in the background; two start at once (bwrap is forked on the
+    spawner thread, the wait for the template is not), and Pool.close kills them mid-start, at once, as well as
+    the ones whose jobs end after it. The replacements here run an interpreter that never answers, so a close that
+    waited for them would take the 20 s a start is given."""
+    from rl_training.tasks.code.sandbox import Pool, PoolSettings
+
+    before = set(worker.descendants(os.getpid()))
+    # readable by the sandbox uid (tmp_path is not), and outside /tmp, which the sandbox mounts over
+    bindir = Path(tempfile.mkdtemp(prefix="mute-python-", dir="/var/tmp"))
+    (bindir / "bin").mkdir()
+    mute = bindir / "bin" / "python"
+    mute.write_text("#!/bin/sh\nexec sleep 60\n")
+    for f in (bindir, bindir / "bin", mute):
+        f.chmod(0o755)
+    pool = Pool(PoolSettings(workers=2, fresh=True))
+    try:
+        pool.python = str(mute)  # the pool's own two started normally; their replacements do not
+        busy = [pool.acquire(), pool.acquire()]
+        deadline = time.monotonic() + 10.0
+        while len(pool._starting) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(pool._starting) == 2  # both bwraps forked, both waiting for their templates
+        t = time.monotonic()
+        pool.close()
+        assert time.monotonic() - t < 5.0
+        with pytest.raises(RuntimeError, match="closed"):
+            pool.acquire()
+        for w in busy:
+            pool.release(w, False)
+        assert set(worker.descendants(os.getpid())) <= before  # every bwrap of the pool is gone (and reaped)
+    finally:
+        pool.close()
+        shutil.rmtree(bindir)
+
+
 def test_refuses_without_user_namespaces(monkeypatch):
     from rl_training.tasks.code.sandbox import Pool, PoolSettings, SandboxUnavailable
 
