@@ -35,7 +35,7 @@ from rl_training.tasks.tools import (
     ToolFailed,
     ToolStats,
     final_text,
-    parse_tool_calls,
+    scan_tool_calls,
 )
 
 NO_OUTPUT = "(no output)"
@@ -119,7 +119,7 @@ class PythonToolEnvironment(ToolEnvironment):
     exception is `raised` with its traceback as the result."""
 
     tools = (python,)
-    error_classes = (*ERROR_CLASSES, "memory", "crash")
+    error_classes = (*ERROR_CLASSES, "memory")
 
     def __init__(
         self,
@@ -189,7 +189,7 @@ class PythonToolEnvironment(ToolEnvironment):
         todo = [
             (ep, calls)
             for ep, t in zip(states, turns, strict=True)
-            if not t.exhausted and (calls := parse_tool_calls(t.text))
+            if not t.exhausted and (calls := scan_tool_calls(t.text, self.turn_limit(ep))[0])
         ]
         if todo and self.pool is None:
             raise RuntimeError("PythonToolEnvironment.step_batch before start(): no sandbox pool")
