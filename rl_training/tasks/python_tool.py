@@ -7,9 +7,11 @@ Persistence (persist=True, the default): variables, functions and imports of an 
 in its later ones, as in a notebook. There is no long-lived interpreter: every call runs in a fresh sandboxed
 candidate that first replays the episode's earlier successful cells (their output discarded), then runs the new
 one. Holding a candidate open for a whole episode would hold a pool worker across generation turns (a batch has
-far more episodes than workers); replay keeps every call as isolated as a code-task program and nothing can leak
-from one episode to another, at the cost of re-running earlier cells within the call's time limit (a cell that
-raised is not replayed; one that draws random numbers without a seed draws again).
+far more episodes than workers); with replay an episode's state is its list of cells, so each call runs in a
+sandbox started for it alone (PoolSettings.fresh), where a reused worker would keep some of what an earlier
+episode's program left. The cost is re-running earlier cells within the call's time limit (a cell that raised is
+not replayed; one that draws random numbers without a seed draws again) and a sandbox start per call. docs/tools.md
+("Isolation") says what a call can and cannot pass on, and what every sandbox of a node still shares.
 """
 
 from __future__ import annotations

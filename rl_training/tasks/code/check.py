@@ -3,8 +3,9 @@
 Starts a pool as training would, runs a probe program inside it and checks, from the trusted side, what it
 saw: its uid and capabilities, no network, its own pid namespace, a read-only root without the host's
 /etc, /root or the working directory, a private /tmp, an empty environment, the rlimits, no nested user
-namespaces; then that a correct program passes and a wrong one fails. Prints one line per check; exit
-status 0 when all hold, 1 otherwise (2 when the sandbox cannot start at all, with the reason).
+namespaces, the system-call filter on every process of the sandbox, pid 1's memory not writable; then that a
+correct program passes and a wrong one fails. Prints one line per check; exit status 0 when all hold, 1
+otherwise (2 when the sandbox cannot start at all, with the reason).
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ def facts(host_cwd):
     nested_userns = libc.unshare(0x10000000) == 0  # CLONE_NEWUSER
     lim = {n: resource.getrlimit(getattr(resource, n))[0] for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC",
            "RLIMIT_FSIZE", "RLIMIT_NOFILE")}
+    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    def seccomp(pid):
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+        return [l.split()[1] for l in lines if l.startswith("Seccomp:")][0]
+    def mem_writable(pid):
+        try:
+            os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
+            return True
+        except OSError:
+            return False
     return {"uid": os.getuid(), "cap_eff": cap_eff, "network": net(), "nested_userns": nested_userns,
-            "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+            "pids": pids, "filtered": {p: seccomp(p) for p in pids},
+            "pid1_memory_writable": mem_writable(1),
             "host_paths": [p for p in ("/etc/passwd", "/root", "/home", host_cwd) if os.path.exists(p)],
             "root_writable": writable("/usr/probe") or writable("/probe") or writable("/dev/probe"),
             "tmp_writable": writable("/tmp/probe") and writable("/dev/shm/probe"),
@@ -76,6 +88,7 @@ def expectations(pool: Pool) -> dict[str, object]:
         "cap_eff": "0000000000000000",
         "network": False if strict else None,
         "nested_userns": False if strict else None,
+        "pid1_memory_writable": False if strict else None,  # pid 1 is the (non-dumpable) template
         "host_paths": [] if strict else None,
         "root_writable": False,
         "tmp_writable": True,
@@ -99,8 +112,11 @@ def run_checks(pool: Pool) -> list[tuple[str, bool, str]]:
     # LC_CTYPE (Python's locale coercion) and PWD (bwrap --chdir) are set inside; nothing may come from here
     leaked = sorted(set(facts["env"]) - {"LC_CTYPE", "PWD"})
     out.append(("environment_cleared", not leaked, f"variables seen: {leaked}"))
-    if pool.settings.mode == "strict":  # pid 1 = bwrap's reaper, then the template, then the candidate
-        out.append(("pid_namespace", len(facts["pids"]) <= 3, f"pids seen: {facts['pids']}"))
+    if pool.protections.seccomp:  # mode 2 (filter) for every process of the sandbox, pid 1 included
+        unfiltered = {p: m for p, m in facts["filtered"].items() if m != "2"}
+        out.append(("filter_on_every_process", not unfiltered, f"Seccomp modes: {facts['filtered']}"))
+    if pool.settings.mode == "strict":  # pid 1 = the template (bwrap --as-pid-1), pid 2 = the candidate
+        out.append(("pid_namespace", len(facts["pids"]) <= 2, f"pids seen: {facts['pids']}"))
     good = Program("def f(x):\n    return x + 1\n", "call", tests=("assert f(1) == 2",))
     bad = Program("def f(x):\n    return x\n", "call", tests=("assert f(1) == 2",))
     out.append(("correct_program_passes", judge(pool, good, 10.0).passed, ""))

@@ -5,13 +5,14 @@ root: as root without a user namespace the sandbox would keep full capabilities 
 hold), with new user (uid 65534 inside, no nested user namespaces), pid, net, ipc and uts namespaces, a
 read-only view of /usr only (plus the interpreter's prefix), a fresh /proc and /dev, a private size-limited
 /tmp and /dev/shm (one budget between them), an empty environment, a new session (no TIOCSTI into the trainer's
-terminal), --die-with-parent and a system-call filter (seccomp_filter.py). Each candidate gets rlimits (CPU,
-address space, processes, file size, open files, no core). A worker is also put in a memory cgroup of its own
-where the machine delegates one (`delegated_cgroup`); elsewhere the filter denies memfd_create, so that no
-memory escapes RLIMIT_AS but the bounded tmpfs. Where user namespaces or libseccomp are unavailable the pool
-refuses to start (`SandboxUnavailable` says why and what to do), unless mode='weak' is asked for: no
-namespaces and no filter, only the unprivileged uid and the rlimits; it warns on every batch and the programs it
-ran are counted (`Pool.weak_runs`). `Pool.protections` reports what is in force.
+terminal), --die-with-parent and a system-call filter (seccomp_filter.py). The template is the sandbox's pid 1
+(--as-pid-1): every process inside is filtered, and the one that outlives each program is not dumpable (see
+bwrap_argv). Each candidate gets rlimits (CPU, address space, processes, file size, open files, no core). A worker
+is also put in a memory cgroup of its own where the machine delegates one (`delegated_cgroup`); elsewhere the
+filter denies memfd_create, so that no memory escapes RLIMIT_AS but the bounded tmpfs. Where user namespaces or
+libseccomp are unavailable the pool refuses to start (`SandboxUnavailable` says why and what to do), unless
+mode='weak' is asked for: no namespaces and no filter, only the unprivileged uid and the rlimits; it warns on every
+batch and the programs it ran are counted (`Pool.weak_runs`). `Pool.protections` reports what is in force.
 
 The pool only runs programs and moves plain messages; harness.py holds the tests and decides verdicts.
 """
@@ -68,7 +69,7 @@ class SandboxBroken(RuntimeError):
 class Limits:
     cpu_s: int = 0  # RLIMIT_CPU per candidate; 0 = the program's wall deadline rounded up, + 1 s
     mem_bytes: int = 1 << 30  # RLIMIT_AS per candidate
-    nproc: int = 8  # RLIMIT_NPROC: processes of the sandbox uid in the worker (bwrap pid 1 and the template count)
+    nproc: int = 8  # RLIMIT_NPROC: processes of the sandbox uid in the worker (the template counts)
     fsize_bytes: int = 16 << 20  # RLIMIT_FSIZE: largest file a candidate may write
     nofile: int = 64  # RLIMIT_NOFILE
     msg_bytes: int = 1 << 20  # largest message (a returned value, captured stdout) the trusted side reads
@@ -165,6 +166,11 @@ def bwrap_argv(
     prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
     argv = [bwrap, "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--disable-userns"]
     argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
+    # The template is the pid namespace's init, not a bwrap reaper beside it: bwrap's pid 1 is dumpable (a program
+    # of the same uid could write /proc/1/mem and run code there that outlives the reap, and so reaches the next
+    # program of the worker), the template is not. As init it reaps orphans, kill(-1) from it reaches every other
+    # process inside, and a program's signals to it are ignored (it has no handler for them).
+    argv += ["--as-pid-1"]
     argv += ["--ro-bind", "/usr", "/usr"]
     for d in ("bin", "lib", "lib64", "sbin"):  # merged-/usr symlinks, or read-only binds where they are dirs
         p = Path("/") / d
@@ -304,7 +310,9 @@ class Worker:
                     pass
 
     def close(self) -> None:
-        """Kill the whole sandbox: SIGKILL to bwrap's session takes its pid namespace (every process) with it."""
+        """Kill the whole sandbox: SIGKILL to bwrap's session (the bwrap outside the namespace; the template is in a
+        session of its own, --new-session) fires the template's --die-with-parent SIGKILL, and the end of the pid
+        namespace's init takes every process inside with it."""
         with self._lock:
             if self._closed:
                 return

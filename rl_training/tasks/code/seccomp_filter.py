@@ -4,7 +4,8 @@ The allowlist is Docker's default profile (moby profiles/seccomp/default.json, t
 capabilities) less what a test program never needs and that reaches kernel memory outside RLIMIT_AS or kernel
 code that sandboxes have been escaped through: io_uring, ptrace and process_vm_*, memfd_create (unless a memory
 cgroup bounds it) and memfd_secret, SysV IPC and POSIX message queues (memory, and state that outlives a
-program in the worker's IPC namespace), adjtimex/clock_adjtime, name_to_handle_at, modify_ldt, AF_VSOCK sockets.
+program in the worker's IPC namespace), adjtimex/clock_adjtime, name_to_handle_at, modify_ldt, AF_VSOCK sockets,
+and the utime family (the times of the host's device nodes, shared by every sandbox; see DENIED).
 Every other system call, including the ones newer than this list, fails with EPERM: a program gets a clean
 OSError (and its tests fail) rather than a kill, which would also break glibc's probing of optional calls;
 clone3 answers ENOSYS, as in Docker, so glibc falls back to clone, whose namespace flags are refused. Only the
@@ -23,7 +24,7 @@ accept accept4 access alarm arch_prctl bind brk capget capset chdir chmod chown 
 clock_nanosleep close close_range connect copy_file_range creat dup dup2 dup3 epoll_create epoll_create1
 epoll_ctl epoll_pwait epoll_pwait2 epoll_wait eventfd eventfd2 execve execveat exit exit_group faccessat
 faccessat2 fadvise64 fallocate fchdir fchmod fchmodat fchown fchownat fcntl fdatasync fgetxattr flistxattr
-flock fork fremovexattr fsetxattr fstat fstatfs fsync ftruncate futex futex_waitv futimesat getcpu getcwd
+flock fork fremovexattr fsetxattr fstat fstatfs fsync ftruncate futex futex_waitv getcpu getcwd
 getdents getdents64 getegid geteuid getgid getgroups getitimer getpeername getpgid getpgrp getpid getppid
 getpriority getrandom getresgid getresuid getrlimit get_robust_list getrusage getsid getsockname getsockopt
 get_thread_area gettid gettimeofday getuid getxattr inotify_add_watch inotify_init inotify_init1
@@ -42,8 +43,8 @@ setfsgid setfsuid setgid setgroups setitimer setpgid setpriority setregid setres
 setrlimit set_robust_list setsid setsockopt set_thread_area set_tid_address setuid setxattr shutdown
 sigaltstack signalfd signalfd4 socketpair splice stat statfs statx symlink symlinkat sync sync_file_range
 syncfs sysinfo tee tgkill time timer_create timer_delete timer_getoverrun timer_gettime timer_settime
-timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask uname unlink unlinkat utime utimensat
-utimes vfork vmsplice wait4 waitid write writev
+timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask uname unlink unlinkat vfork vmsplice
+wait4 waitid write writev
 """.split()
 MEMFD = ("memfd_create",)  # allowed only where a memory cgroup counts what a memfd holds
 # Denied on purpose (not on the allowlist), each tried by a hostile program in tests/unit/tasks/: what the
@@ -57,8 +58,13 @@ swapon swapoff acct quotactl lookup_dcookie syslog settimeofday clock_settime ad
 name_to_handle_at open_by_handle_at memfd_create memfd_secret shmget shmat shmdt shmctl msgget msgsnd msgrcv
 msgctl semget semop semtimedop semctl mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr
 modify_ldt chroot sethostname setdomainname fanotify_init kcmp pidfd_getfd process_madvise vhangup mbind
-set_mempolicy get_mempolicy
+set_mempolicy get_mempolicy utime utimes utimensat futimesat
 """.split()
+# The utime family: bwrap binds the host's /dev/null, zero, full, random, urandom and tty into every sandbox, and
+# setting their times to now needs only write permission, so the times of these shared nodes would carry a value
+# from one episode to any later one on the node (and change the host). The cost: os.utime, shutil.copy2/copystat and
+# GNU tar/cp -p's time setting fail with EPERM in the sandbox (tarfile only logs it; Path.touch of an existing file
+# leaves its time as it was; creating a file still sets its times).
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (a time namespace needs unshare or clone3)
 CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 PERSONALITIES = (0x0, 0x0008, 0x20000, 0x20008, 0xFFFFFFFF)  # Docker's: PER_LINUX, PER_LINUX32, UNAME26, both, query

@@ -188,6 +188,7 @@ def _run_stdio(code, name, stdin_text, out_cap):
 
 def candidate_main(fd, lim):
     """The forked candidate: limits, no inherited fds but the job socket, then serve the trusted side."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the template's SIG_DFL is for pid 1 only
     devnull = os.open("/dev/null", os.O_RDWR)
     for target in (0, 1, 2):
         os.dup2(devnull, target)
@@ -234,9 +235,9 @@ def candidate_main(fd, lim):
 # ------------------------------------------------------------------------------------------- the template
 def _kill_all(strict, watch=None):
     """SIGKILL every process of this sandbox but this one, until none is left, and reap them; the wait status of
-    `watch` (a pid) if it was among them. Strict mode has its own pid namespace, where kill(-1) reaches exactly
-    the sandbox's processes (not pid 1, bwrap's reaper); without one, the descendants are found through /proc
-    (orphans come here: child subreaper)."""
+    `watch` (a pid) if it was among them. In strict mode this template is the pid namespace's init (bwrap
+    --as-pid-1), where kill(-1) reaches every other process of the sandbox and every orphan is reparented here;
+    without one, the descendants are found through /proc (orphans come here: child subreaper)."""
     me, watched = os.getpid(), None
     while True:
         targets = [-1] if strict else descendants(me)
@@ -330,8 +331,13 @@ def template_main(ctl_fd, mode, preload=True):
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a candidate (same uid) cannot ptrace or read our memory
-    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned grandchildren are reparented to us
+    # PR_SET_DUMPABLE 0: a candidate (same uid) cannot open our /proc/<pid>/mem, environ or maps (nor ptrace us,
+    # which the filter refuses anyway). In strict mode we are the sandbox's pid 1, so no process inside is dumpable.
+    libc.prctl(4, 0, 0, 0, 0)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned grandchildren come to us in weak mode too
+    # As pid 1 of a namespace the kernel drops every signal from inside it that we have no handler for (SIGKILL and
+    # SIGSTOP included); Python's one handler, SIGINT's KeyboardInterrupt, would let a program end the template.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     import builtins
 
     builtins.exit = builtins.quit = sys.exit  # what `site` (skipped: -S) would provide; programs call exit()

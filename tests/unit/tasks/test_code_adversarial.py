@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.tasks.code import harness, seccomp_filter
+from rl_training.tasks.code import harness, seccomp_filter, worker
 from rl_training.tasks.code.harness import Program, judge, judge_batch
 from rl_training.tasks.code.sandbox import Limits, Pool, PoolSettings
 from tests.helpers import sandbox_processes
@@ -48,11 +48,15 @@ HOSTILE = {
     "    return a + b\n",
     "network_localhost": "import socket\ndef add(a, b):\n    s = socket.socket()\n    s.settimeout(1)\n"
     "    s.connect(('127.0.0.1', 22))\n    return a + b\n",
-    "kill_parent": "import os\ndef add(a, b):\n    os.kill(os.getppid(), 9)\n    return a + b\n",
-    # pid 1 (bwrap's reaper) ignores signals from inside its namespace: nothing dies, the answer is wrong
-    "kill_pid1": "import os, time\ndef add(a, b):\n    os.kill(1, 9)\n    time.sleep(0.1)\n    return None\n",
-    "kill_everything": "import os\ndef add(a, b):\n    os.kill(-1, 9)\n    return a + b\n",
-    "stop_parent": "import os, signal\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGSTOP)\n    return a + b\n",
+    # The parent is the template, the sandbox's pid 1, which the kernel shields from every signal sent from inside
+    # the namespace that it has no handler for: nothing dies, the answer is wrong (a dead template: sandbox_error).
+    "kill_parent": "import os, time\ndef add(a, b):\n    os.kill(os.getppid(), 9)\n    time.sleep(0.1)\n"
+    "    return None\n",
+    "signal_pid1_with_everything": "import os, time\ndef add(a, b):\n    for s in range(1, 65):\n        try:\n"
+    "            os.kill(1, s)\n        except OSError:\n            pass\n    time.sleep(0.1)\n    return None\n",
+    "kill_everything": "import os, time\ndef add(a, b):\n    os.kill(-1, 9)\n    time.sleep(0.1)\n    return None\n",
+    "stop_parent": "import os, signal, time\ndef add(a, b):\n    os.kill(os.getppid(), signal.SIGSTOP)\n"
+    "    time.sleep(0.1)\n    return None\n",
     "signal_ignore_and_hang": "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
     "    signal.signal(s, signal.SIG_IGN)\ndef add(a, b):\n    while True:\n        time.sleep(1)\n",
     "sys_exit_before_asserts": "import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b\n",
@@ -115,8 +119,10 @@ def test_hostile_programs_score_zero_and_leave_nothing(pool, monkeypatch):
         "fork_bomb": "timeout",
         "allocate_10GB": "memory",
         "huge_return_value": "memory",
-        "kill_parent": "sandbox_error",
-        "stop_parent": "sandbox_error",
+        "kill_parent": "wrong_answer",  # the template lived on
+        "signal_pid1_with_everything": "wrong_answer",  # SIGINT too: the template has no handler for it
+        "kill_everything": "runtime_error",  # ESRCH: no process to signal but pid 1, which kill(-1) skips
+        "stop_parent": "wrong_answer",
         "always_equal_object": "runtime_error",  # cannot cross the process boundary
         "always_equal_int_subclass": "wrong_answer",  # crossed as the plain int 7
         "print_passed": "wrong_answer",
@@ -125,10 +131,10 @@ def test_hostile_programs_score_zero_and_leave_nothing(pool, monkeypatch):
     assert {n: verdicts[n].failure for n in want} == want
     # the trainer runs on: the pool still grades, every worker is back to its idle processes only
     assert judge(pool, _program("def add(a, b):\n    return a + b\n"), 5.0).passed
-    assert sorted(sandbox_processes(pool).values()) == [2, 2]
+    assert sorted(sandbox_processes(pool).values()) == [1, 1]  # the template, the sandbox's pid 1
     assert [p for p in HOST_FILES if p.exists()] == []
-    # 35 programs on 2 workers: 5 run into the 3 s deadline, the stopped template costs the 5 s reap limit;
-    # the rest take milliseconds. Bounded, whatever the programs do (generous: the machine is shared).
+    # 35 programs on 2 workers: 5 run into the 3 s deadline, the rest take milliseconds. Bounded, whatever the
+    # programs do (generous: the machine is shared).
     assert took < 90
 
 
@@ -137,6 +143,57 @@ def test_tmp_is_emptied_between_programs(pool):
     write = _program("open('/tmp/state', 'w').write('5')\ndef add(a, b):\n    return 0\n")
     read = _program("import os\ndef add(a, b):\n    return a + b if os.path.exists('/tmp/state') else -1\n")
     assert [v.passed for v in judge_batch(pool, [write] * 4 + [read] * 4, 3.0)] == [False] * 8
+
+
+# -------------------------------------------------------------------------------------------------- pid 1
+# Without a ptrace call (the filter refuses those): /proc/<pid>/mem opened for writing, environ and maps read, of
+# pid 1 and of the template (the same process: bwrap --as-pid-1); and the filter mode of every process inside.
+PID1_PROBE = r"""
+import errno, os
+
+def _try(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+
+def probe():
+    out = {"ppid": os.getppid()}
+    for who, pid in (("pid1", 1), ("template", os.getppid())):
+        out[who] = {
+            "mem_write": _try(lambda: os.close(os.open(f"/proc/{pid}/mem", os.O_WRONLY))),
+            "environ": _try(lambda: open(f"/proc/{pid}/environ", "rb").read()),
+            "maps": _try(lambda: open(f"/proc/{pid}/maps").read()),
+        }
+    status = {int(p): open(f"/proc/{p}/status").read().splitlines() for p in os.listdir("/proc") if p.isdigit()}
+    out["seccomp"] = {p: [x.split()[1] for x in lines if x.startswith("Seccomp:")][0] for p, lines in status.items()}
+    return out
+"""
+
+
+def test_no_process_of_the_sandbox_is_dumpable_or_unfiltered(pool, monkeypatch):
+    """pid 1 is the template (not dumpable, filtered), so a program can neither write code into a process that
+    outlives the reap nor read another's memory. The control: bwrap's own pid 1 (without --as-pid-1) is dumpable,
+    and a program of the same uid opens its memory for writing (and so could run code there that outlives the
+    reap and reaches the worker's next program)."""
+    from rl_training.tasks.code import sandbox
+
+    got, ran = _call(pool, PID1_PROBE, "probe")
+    refused = {"mem_write": "EACCES", "environ": "EACCES", "maps": "EACCES"}
+    assert ran.clean and got["ppid"] == 1 and got["pid1"] == got["template"] == refused
+    assert got["seccomp"] == {1: "2", max(got["seccomp"]): "2"}  # the template and the program, both filtered
+    for w in list(pool._idle):  # from the trusted side: one process inside each idle worker, filtered, pid 1 there
+        (inner,) = worker.descendants(w.proc.pid)
+        status = dict(x.split(":", 1) for x in Path(f"/proc/{inner}/status").read_text().splitlines())
+        assert (status["Seccomp"].strip(), status["NSpid"].split()[-1]) == ("2", "1")
+
+    real = sandbox.bwrap_argv
+    monkeypatch.setattr(sandbox, "bwrap_argv", lambda *a, **k: [x for x in real(*a, **k) if x != "--as-pid-1"])
+    with Pool(PoolSettings(workers=1)) as old:
+        got, _ = _call(old, PID1_PROBE, "probe")
+    assert got["ppid"] == 2 and got["template"] == refused
+    assert got["pid1"] == {"mem_write": "ok", "environ": "ok", "maps": "ok"}
 
 
 # ------------------------------------------------------------------------------- the system-call filter
@@ -213,6 +270,11 @@ def probe():
         "semget": sc(64, 0, 1, ipc),
         "mq_open": sc(240, b"probe", 0o100 | 2, 0o600, NUL, close=True),
         "socket_vsock": sc(41, 40, 1, 0, close=True),  # AF_VSOCK, SOCK_STREAM: created, never connected
+        # times set to now (NULL): write permission is enough; the sandbox's own /tmp, never a host node
+        "utime": sc(132, b"/tmp", NUL),
+        "utimes": sc(235, b"/tmp", NUL),
+        "futimesat": sc(261, -100, b"/tmp", NUL),
+        "utimensat": sc(280, -100, b"/tmp", NUL, 0),
     }
 """
 # What this kernel (6.18, no modules, no x86 port I/O, no lookup_dcookie) answers without the filter, in the
@@ -229,6 +291,10 @@ OPEN_WITHOUT_FILTER = {
     "semget",
     "mq_open",
     "socket_vsock",
+    "utime",
+    "utimes",
+    "futimesat",
+    "utimensat",
 }
 # ... and these the kernel refuses by itself (no capability): here only the marked filter shows it refuses them too
 EPERM_WITHOUT_FILTER = {"pivot_root", "move_mount", "fsopen", "fsmount", "fspick", "reboot", "swapon", "swapoff"}
@@ -265,7 +331,7 @@ def _call(pool, code: str, fn: str, *args, limits=None):
 def test_denied_system_calls_get_eperm_and_the_filter_is_why(pool):
     got, _ = _call(pool, SYSCALL_PROBE, "probe")
     assert got == {name: "ENOSYS" if name == "clone3" else "EPERM" for name in got}  # clone3: glibc falls back
-    assert len(got) == 51
+    assert len(got) == 55
     # The control: the same program without the filter, where the kernel's own answers show what got through.
     with Pool(PoolSettings(workers=1, seccomp=False)) as open_pool:
         assert open_pool.protections.seccomp is False
@@ -279,9 +345,61 @@ def test_denied_system_calls_get_eperm_and_the_filter_is_why(pool):
         assert mark == {name: "ENOSYS" if name == "clone3" else "ENOTRECOVERABLE" for name in got}
         # every denial the pool reports, by this architecture's number, with zero arguments (never run unfiltered)
         numbers = seccomp_filter.native_numbers(list(marked.protections.seccomp_denied))
-        assert len(numbers) == len(seccomp_filter.DENIED) == 76
+        assert len(numbers) == len(seccomp_filter.DENIED) == 80
         assert _call(marked, BY_NUMBER, "refused", numbers)[0] == dict.fromkeys(numbers, "ENOTRECOVERABLE")
     assert _call(pool, BY_NUMBER, "refused", numbers)[0] == dict.fromkeys(numbers, "EPERM")
+
+
+DEVICES = [f"/dev/{d}" for d in ("null", "zero", "full", "random", "urandom", "tty")]  # the host's, bound in
+UTIME = r"""
+import errno, io, os, pathlib, shutil, tarfile, time
+
+def _try(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+
+def times(devices):
+    out = {"touch_" + d: _try(lambda: os.utime(d, None)) for d in devices}  # now: write permission is enough
+    pathlib.Path("/tmp/old").write_text("x")
+    out["utime"] = _try(lambda: os.utime("/tmp/old", (0, 0)))
+    out["copy2"] = _try(lambda: shutil.copy2("/tmp/old", "/tmp/copy"))  # copystat sets the times
+    before = os.stat("/tmp/old").st_mtime_ns
+    time.sleep(0.01)
+    pathlib.Path("/tmp/old").touch()  # tries os.utime, then opens with O_CREAT: no error, the old time stays
+    out["touch_existing_keeps_its_time"] = os.stat("/tmp/old").st_mtime_ns == before
+    pathlib.Path("/tmp/new").touch()
+    out["touch_new"] = os.path.exists("/tmp/new")
+    buf, member = io.BytesIO(), tarfile.TarInfo("t/f")
+    member.size, member.mtime = 1, 86400
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(member, io.BytesIO(b"y"))
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as tar:
+        tar.extractall("/tmp")  # errorlevel 1: the refused utime is logged, not raised
+    out["tar"] = (open("/tmp/t/f").read(), os.stat("/tmp/t/f").st_mtime > 86400)
+    return out
+"""
+
+
+def test_device_times_cannot_be_set_and_what_that_costs(pool):
+    """The filter refuses the utime family: the host's device nodes, bound into every sandbox, keep their times (a
+    channel between any two programs of the node otherwise, fresh sandboxes included). What programs lose: os.utime
+    and shutil.copy2 fail with EPERM; Path.touch of an existing file leaves its time; tarfile extracts without the
+    members' times."""
+    host = {d: os.stat(d).st_mtime_ns for d in DEVICES}
+    got, ran = _call(pool, UTIME, "times", DEVICES)
+    assert ran.clean and got == {
+        **{"touch_" + d: "EPERM" for d in DEVICES},
+        "utime": "EPERM",
+        "copy2": "EPERM",
+        "touch_existing_keeps_its_time": True,
+        "touch_new": True,
+        "tar": ("y", True),
+    }
+    assert {d: os.stat(d).st_mtime_ns for d in DEVICES} == host
 
 
 # mov eax, NR; int 0x80 (the i386 ABI) or syscall with the x32 bit; ret. getpid on both ABIs.

@@ -7,8 +7,11 @@ Each call runs in a sandbox started for it (tasks/code/sandbox.py, PoolSettings.
 call after call and only emptied /tmp and /dev/shm in between, and the reader found: the secret in a chmod-000
 directory and in a read-only one; the mode, access time and user.* extended attribute of /tmp and /dev/shm, their
 inode counter and free space; the template's nice value, scheduling class, I/O priority and rlimits (set on the
-parent, inherited by the next candidate); the oom_score_adj, coredump_filter and stack memory of bwrap's pid 1;
-the pid counter; the ipc namespace's writable sysctls (kernel/shmmax, msgmax, sem, pid_max, fs/mqueue/*)."""
+parent, inherited by the next candidate); the oom_score_adj, coredump_filter and stack memory of bwrap's pid 1
+(since gone: the template is pid 1, bwrap --as-pid-1, and is not dumpable); the pid counter; the ipc namespace's
+writable sysctls (kernel/shmmax, msgmax, sem, pid_max, fs/mqueue/*). Fresh sandboxes left one channel, shared by
+every sandbox of the node: the times of the host's /dev/null, zero, full, random, urandom and tty, bound into
+each, which a program could set to now; the system-call filter now refuses the utime family."""
 
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ def _try(fn, *a):
         return "error %d" % e.errno
 
 def _proc(pid):
-    """What a candidate can read of another process of its sandbox (bwrap's pid 1, the template)."""
+    """What a candidate can read of another process of its sandbox (pid 1: the template, its parent)."""
     rl = {n: _try(resource.prlimit, pid, getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")}
     return {
         "nice": _try(os.getpriority, os.PRIO_PROCESS, pid),
@@ -74,7 +77,8 @@ def _proc(pid):
 
 def _stack(pid):
     """(start, end) of a process's stack mapping: its lowest addresses are never used by a shallow program."""
-    line = [l for l in _read("/proc/%d/maps" % pid).splitlines() if l.endswith("[stack]")][0]
+    with open("/proc/%d/maps" % pid) as fh:  # OSError where the process is not dumpable
+        line = [l for l in fh.read().splitlines() if l.endswith("[stack]")][0]
     return [int(a, 16) for a in line.split()[0].split("-")]
 
 def _fs(path):
@@ -115,6 +119,9 @@ def snapshot():
         "sysvipc": {k: _read("/proc/sysvipc/" + k).splitlines()[1:] for k in ("shm", "msg", "sem")},
         "unix_sockets": _read("/proc/net/unix").splitlines()[1:],
         "keys": _read("/proc/keys"),
+        # host inodes bound into every sandbox: their times, set to now, would reach any later sandbox of the node
+        "dev_times": {d: [os.stat(d).st_atime_ns, os.stat(d).st_mtime_ns, os.stat(d).st_ctime_ns] for d in
+                      ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")},
     }
 '''
 
@@ -159,7 +166,7 @@ for dev in ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"
     plant("utime_" + dev, lambda: os.utime(dev, (WHEN, WHEN)))  # a host inode shared by every sandbox
     plant("touch_" + dev, lambda: os.utime(dev, None))
 
-# the processes that outlive a candidate in a worker: bwrap's pid 1 and the template (the parent)
+# the process that outlives a candidate in a worker: the template, pid 1 and the parent (once also bwrap's pid 1)
 def lower(pid, name):
     which = getattr(resource, name)
     resource.prlimit(pid, which, (12345, resource.prlimit(pid, which)[1]))
@@ -178,7 +185,7 @@ for who, pid in (("parent", os.getppid()), ("pid1", 1)):
     for f, v in (("comm", SECRET[:15]), ("oom_score_adj", "777"), ("coredump_filter", "0x7"),
                  ("timerslack_ns", "4242")):
         plant(who + "_" + f, lambda: write("/proc/%d/%s" % (pid, f), v))
-def poke(pid):  # bwrap leaves its pid 1 dumpable: the program (same uid) may write its memory
+def poke(pid):  # bwrap's own pid 1 was dumpable: the program (same uid) could write its memory
     fd = os.open("/proc/%d/mem" % pid, os.O_RDWR)
     os.pwrite(fd, SECRET.encode(), _stack(pid)[0] + 256)
     os.close(fd)
@@ -271,11 +278,12 @@ for root, key in (("/tmp", "tmp"), ("/dev/shm", "shm")):
     found[key + "_mode"] = oct(st.st_mode) if st.st_mode & 0o7777 == MODES[root] else None
     found[key + "_xattr"] = _try(os.getxattr, root, "user.secret")
     found[key + "_xattr"] = found[key + "_xattr"].decode() if isinstance(found[key + "_xattr"], bytes) else None
-devs = [os.path.join("/dev", d) for d in ("null", "zero", "full", "random", "urandom", "tty")]
-found["dev_times"] = {d: os.stat(d).st_mtime for d in devs if time.time() - os.stat(d).st_mtime < 60} or None
 def peek(pid):
-    lo, hi = _stack(pid)
-    fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
+    try:
+        lo, hi = _stack(pid)
+        fd = os.open("/proc/%d/mem" % pid, os.O_RDONLY)
+    except OSError:  # not dumpable: nothing of it can be read, and nothing could be planted there
+        return None
     try:
         at = os.pread(fd, hi - lo, lo).find(SECRET.encode())
     finally:
@@ -352,14 +360,6 @@ def leaks(writer: dict, reader: dict) -> dict:
     return out
 
 
-# Host inodes every sandbox shares: bwrap binds the node's /dev/null, zero, full, random, urandom and tty, and a
-# program may set their times to now (utimensat with no times needs only write permission, which /dev/null must
-# keep). No sandbox made per call can make them private, and a read-only bind is mounted nodev by bwrap, which
-# makes the devices unusable; closing it needs the system-call filter to refuse utimensat and the older utime
-# calls. Open, named in docs/code.md ("What it does not stop").
-RESIDUAL = {"dev_times"}
-
-
 def test_no_channel_between_the_episodes_of_a_group(env):
     """The reader finds nothing of the writer, run after it (the pool's two workers: on a reused pool it lands on
     the writer's worker) and run beside it."""
@@ -369,10 +369,14 @@ def test_no_channel_between_the_episodes_of_a_group(env):
     (w,) = step(env, [writer], [cell(WRITER, secret, HOLD=0)])
     planted = {k for k, v in w["done"].items() if v is True}
     # channels a program can write (the sandbox per call makes them invisible to others, not impossible)
-    assert {"tmp_file", "tmp_dir_000", "tmp_dir_555", "tmp_utime", "tmp_chmod", "pid_counter", "parent_nice"} <= planted
+    assert {"tmp_file", "tmp_dir_000", "tmp_dir_555", "tmp_chmod", "pid_counter", "parent_nice"} <= planted
+    # refused: the host's device nodes' times and the sandbox's own (the utime family), pid 1's memory (not dumpable)
+    eperm, eacces = "error 1", "error 13"
+    assert {w["done"][k] for k in w["done"] if k.startswith(("touch_", "utime_")) or k == "tmp_utime"} == {eperm}
+    assert (w["done"]["pid1_memory"], w["done"]["parent_memory"]) == (eacces, eacces)
     (r,) = step(env, [reader], [cell(READER, secret, WAIT=0)])
-    assert {k: v for k, v in leaks(w, r).items() if k not in RESIDUAL} == {}
+    assert leaks(w, r) == {}
     # a member of the group running beside the writer, while the writer holds its processes and sockets open
     w2, r2 = step(env, [holder, beside], [cell(WRITER, secret, HOLD=4.0), cell(READER, secret, WAIT=2.0)])
     assert w2["held"][0] < r2["at"] < w2["held"][1]  # it read while the writer's processes were alive
-    assert {k: v for k, v in leaks(w2, r2).items() if k not in RESIDUAL} == {}
+    assert leaks(w2, r2) == {}
