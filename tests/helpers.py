@@ -381,8 +381,8 @@ class CannedBackend:
 
 # ------------------------------------------------------------------------------------------------ sandbox pool
 def sandbox_processes(pool) -> dict[int, int]:
-    """Worker bwrap pid -> number of processes below it. An idle strict worker has exactly 2: bwrap's
-    pid-1 reaper inside the namespace and the template under it."""
+    """Worker bwrap pid -> number of processes below it. An idle strict worker has exactly 1: the template, pid 1
+    of the sandbox's namespace (bwrap --as-pid-1)."""
     with pool._cv:
         workers = list(pool._idle)
     return {w.proc.pid: len(descendants(w.proc.pid)) for w in workers}

@@ -123,8 +123,10 @@ def summarize(problems: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
         "truncation_rate": _mean([float(g["truncated"]) for g in greedy]),
     }
     if "turns" in greedy[0]:  # multi-turn episodes: turns and the environment's counts (evaluate.py)
-        for key in (k for k in greedy[0] if k not in COMPLETION_KEYS):
+        for key in (k for k in greedy[0] if k not in COMPLETION_KEYS and k != "error"):
             out[f"{key}_mean"] = _mean([float(g[key]) for g in greedy])
+        # the episodes its environment ended by raising or by a step the engine could not use (rollout/episodes.py)
+        out["env_error_rate"] = _mean([float(bool(g.get("error"))) for g in greedy])
     counts = {len(p["samples"]) for p in problems}
     if counts == {0}:
         if ks:

@@ -59,7 +59,8 @@ def tool_files(tmp_path_factory) -> Path:
 
 def files(where: Path) -> list[str]:
     data = where / "add.jsonl"
-    return [f"task.name={where / 'add_tool.py'}:AddWithTool", f"data.train={data}", f"data.eval={data}"]
+    task = [f"task.name={where / 'add_tool.py'}:AddWithTool", "task.args.max_tool_calls=2"]  # docs/tools.md's YAML
+    return [*task, f"data.train={data}", f"data.eval={data}"]
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,8 @@ def python_case(tool_model, tmp_path_factory) -> tuple[Path, list[str]]:
         for r in rows
     ]
     (where / "gold.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
-    over = [f"model.name_or_path={tool_model}", "task.name=python_gsm8k", f"data.train={data}", f"data.eval={data}"]
+    over = [f"model.name_or_path={tool_model}", "task.name=python_gsm8k", "task.args.max_tool_calls=2"]
+    over += [f"data.train={data}", f"data.eval={data}"]  # max_tool_calls=2: 3 results fit EPISODE's budget of 160
     over += [*EPISODE, *PY_EPISODE, f"run.output_dir={where / 'sft'}", "run.name=t"]
     over += [f"sft.gold_episodes={where / 'gold.jsonl'}", "sft.steps=30", "sft.batch_size=16"]
     over += ["sft.lr=3e-3", "sft.warmup_steps=5", "sft.schedule=constant"]

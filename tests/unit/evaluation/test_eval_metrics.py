@@ -132,6 +132,17 @@ def test_summarize_values():
     }
 
 
+def test_summarize_multi_turn_records_means_their_counts_and_rates_their_env_errors():
+    """Two episodes (evaluate.py's records: turns and counts beside the completion keys, and the engine's
+    `error`): turns (2 + 3) / 2, tool calls (1 + 0) / 2; one of the two ended by its environment."""
+    a, b = record(True, []), record(False, [])
+    a["greedy"] |= {"turns": 2, "tool_calls": 1, "error": ""}
+    b["greedy"] |= {"turns": 3, "tool_calls": 0, "error": "env_error: Env.step raised ValueError: x"}
+    m = summarize([a, b], ks=[])
+    assert (m["turns_mean"], m["tool_calls_mean"], m["env_error_rate"]) == (2.5, 0.5, 0.5)
+    assert "error_mean" not in m
+
+
 def test_eval_config_checks_k_against_samples():
     with pytest.raises(ConfigError, match=r"eval.ks=\[1, 16\]: k=16 is outside 1..eval.num_samples=8"):
         load_config(None, ["eval.ks=[1,16]"])
