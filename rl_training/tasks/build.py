@@ -141,16 +141,33 @@ def _import_file(path: str, head: str):
     name = f"rl_user_task_{p.stem}_{hashlib.sha1(str(real).encode()).hexdigest()[:10]}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, real)
+    try:
+        return module_from_file(name, real)
+    except NotPython:
+        raise ConfigError(f"{head}: {p} cannot be imported as Python") from None
+    except BaseException as e:  # noqa: BLE001 -- whatever the user's file raises (SystemExit too) is one line
+        raise ConfigError(f"{head}: importing {p}{_where_in(e, real)} raised {one_line(e)}") from None
+
+
+class NotPython(ImportError):
+    """A file that importlib cannot load as a Python module (no loader for its name)."""
+
+
+def module_from_file(name: str, path: str | Path):
+    """The Python file at `path` imported as the module `name` (registered in sys.modules before it runs:
+    dataclasses and pickling look a module up by name; removed again when it raises). NotPython when the file
+    cannot be loaded as Python; whatever the file raises, as it is. The tools' process (tool_worker.py)
+    imports a user's task file the same way, under the name this process gave it."""
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ConfigError(f"{head}: {p} cannot be imported as Python")
+        raise NotPython(f"{path} cannot be imported as Python")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before exec: dataclasses and pickling look the module up by name
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except BaseException as e:  # noqa: BLE001 -- whatever the user's file raises (SystemExit too) is one line
+    except BaseException:
         del sys.modules[name]
-        raise ConfigError(f"{head}: importing {p}{_where_in(e, real)} raised {one_line(e)}") from None
+        raise
     return module
 
 

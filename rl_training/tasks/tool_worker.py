@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_training.base.errors import one_line
+from rl_training.tasks.build import module_from_file
 from rl_training.tasks.tool_process import ChannelClosed, recv_frame, send_frame
 from rl_training.tasks.tools import ToolFailed, result_text
 
@@ -74,7 +75,7 @@ def import_tool(name: str, module: str, qualname: str, file: str) -> Callable:
 
 def _load(module: str, file: str):
     if module == "__main__":
-        return _from_file("__mp_main__", file)
+        return module_from_file("__mp_main__", file)
     if module in sys.modules:
         return sys.modules[module]
     try:
@@ -82,21 +83,7 @@ def _load(module: str, file: str):
     except ModuleNotFoundError as e:
         if not file or e.name != module:
             raise
-    return _from_file(module, file)
-
-
-def _from_file(module: str, file: str):
-    spec = importlib.util.spec_from_file_location(module, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{file} cannot be imported as Python")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[module] = mod  # before exec: dataclasses and pickling look the module up by name
-    try:
-        spec.loader.exec_module(mod)
-    except BaseException:
-        del sys.modules[module]
-        raise
-    return mod
+    return module_from_file(module, file)
 
 
 # ------------------------------------------------------------------------------------------------- calling
