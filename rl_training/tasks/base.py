@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import signal
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -113,8 +114,7 @@ class Task:
         for c, ex in zip(completions, examples, strict=True):
             r, out = 0.0, _NO_RESULT
             try:
-                with time_limit(timeout_s):
-                    out = self.reward(c, ex)
+                out = _within(lambda c=c, ex=ex: self.reward(c, ex), timeout_s)
             except RewardTimeout:
                 timeouts += 1
             except Exception:  # noqa: BLE001 -- a user reward may raise anything; it must never stop the run
@@ -124,7 +124,8 @@ class Task:
                 invalid += checked is None
                 r = checked or 0.0
             rewards.append(r)
-            formatted.append(bool(guarded(lambda c=c: self.has_answer(c), timeout_s, False)))  # raising: unformatted
+            # bool() inside the guard: a value whose truth raises is unformatted too, like a check that raises
+            formatted.append(guarded(lambda c=c: bool(self.has_answer(c)), timeout_s, False))
         correct = [r >= self.correct_threshold for r in rewards]
         return Scores(rewards, correct, formatted, errors, timeouts, invalid)
 
@@ -240,19 +241,34 @@ _NO_RESULT = object()
 def guarded(fn: Callable, timeout_s: float, default):
     """fn() under the time limit; `default` if it times out or raises (math-verify on odd input)."""
     try:
-        with time_limit(timeout_s):
-            return fn()
+        return _within(fn, timeout_s)
     except RewardTimeout:
         return default
     except Exception:  # noqa: BLE001 -- same policy as score_completions: a grader failure scores, never stops
         return default
 
 
+def _within(fn: Callable, timeout_s: float):
+    """fn() under time_limit, and RewardTimeout also when it returns past the limit: a callee that catches every
+    Exception swallows the alarm's RewardTimeout and returns a made-up result (math-verify's parse and verify do:
+    parse then returns its raw-string fallback), which must count as the timeout it was."""
+    t0 = time.monotonic()
+    with time_limit(timeout_s):
+        out = fn()
+    if time.monotonic() - t0 >= timeout_s:
+        raise RewardTimeout
+    return out
+
+
 def finite_reward(out) -> float | None:
-    """A grader's return value as a finite float; None when it is not one (scored 0 and counted invalid)."""
+    """A grader's return value as a finite float; None when it is not one (scored 0 and counted invalid): text
+    (even '1.0': a grader that returns text is broken), an int past float's range (10**400), a value whose
+    float() raises."""
+    if isinstance(out, str | bytes | bytearray):
+        return None
     try:
         r = float(out)
-    except (TypeError, ValueError):
+    except Exception:  # noqa: BLE001 -- __float__ may be a user's: OverflowError, ArithmeticError, anything
         return None
     return r if math.isfinite(r) else None
 
@@ -267,8 +283,17 @@ def score_completions(task: Task, completions: Sequence[str], examples: Sequence
         raise ValueError(f"score_completions: {n} completions for {len(examples)} examples")
     try:
         s = task.grade(completions, examples, timeout_s)
-        if len(s.rewards) != n:
-            raise ValueError(f"grade returned {len(s.rewards)} rewards for {n} completions")
+        # Lists of the wrong length, or parts, counts or format flags that are no numbers or truth values, are the
+        # grader's failure like an exception it raises (float(10**400) raises too). Rewards are checked one by one.
+        if not (len(s.rewards) == len(s.formatted) == n):
+            raise ValueError(f"grade returned {len(s.rewards)} rewards, {len(s.formatted)} format flags for {n}")
+        parts = {k: [float(x) for x in s.parts.get(k, [0.0] * n)] for k in task.part_names}
+        if any(len(v) != n for v in parts.values()):
+            raise ValueError(f"grade returned parts of lengths {[len(v) for v in parts.values()]} for {n}")
+        counts = {k: float(s.counts.get(k, 0.0)) for k in task.count_names}
+        formatted = [bool(f) for f in s.formatted]
+        errors, timeouts, invalid = int(s.errors), int(s.timeouts), int(s.invalid)
+        checked = [finite_reward(out) for out in s.rewards]
     except Exception:  # noqa: BLE001 -- like a per-completion reward: a grader failure scores 0, never stops
         return Scores(
             [0.0] * n,
@@ -278,9 +303,6 @@ def score_completions(task: Task, completions: Sequence[str], examples: Sequence
             parts={k: [0.0] * n for k in task.part_names},
             counts=dict.fromkeys(task.count_names, 0.0),
         )
-    checked = [finite_reward(out) for out in s.rewards]
-    rewards, invalid = [r or 0.0 for r in checked], s.invalid + sum(r is None for r in checked)
+    rewards, invalid = [r or 0.0 for r in checked], invalid + sum(r is None for r in checked)
     correct = [r >= task.correct_threshold for r in rewards]
-    parts = {k: [float(x) for x in s.parts.get(k, [0.0] * n)] for k in task.part_names}
-    counts = {k: float(s.counts.get(k, 0.0)) for k in task.count_names}
-    return Scores(rewards, correct, [bool(f) for f in s.formatted], s.errors, s.timeouts, invalid, parts, counts)
+    return Scores(rewards, correct, formatted, errors, timeouts, invalid, parts, counts)

@@ -18,6 +18,7 @@ from rl_training.data.sources import DataError, Example
 from rl_training.tasks.base import Task, guarded
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.S)  # '\\x' is never a delimiter, whatever x is
 
 
 def last_boxed(text: str) -> str | None:
@@ -26,17 +27,23 @@ def last_boxed(text: str) -> str | None:
     Braces are matched, so '\\boxed{\\frac{1}{2}}' gives '\\frac{1}{2}'; escaped ones ('\\{', '\\}') do not
     count. A box left open (a completion cut off inside it) is passed over for the one before it.
     """
-    for m in reversed(list(_BOX_OPEN.finditer(text))):
-        depth, j = 1, m.end()
-        while j < len(text):
-            if text[j] == "\\":  # a command or an escaped brace: never a delimiter
-                j += 2
-                continue
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                return text[m.end() : j].strip()
-            j += 1
-    return None
+    contents = {m.end() for m in _BOX_OPEN.finditer(text)}  # where each box's content starts
+    if not contents:
+        return None
+    # One pass from the first box, matching braces on a stack (a scan per box, each to the end of the text when
+    # the box is left open, was quadratic: 4 s on 20,000 characters of '\\boxed{'). One pass reads escapes as
+    # every per-box scan would: the character before a box's '{' is never a backslash, so a scan that started
+    # earlier lands on that '{' too.
+    open_at: list[int] = []  # for each unmatched '{': its box's content start, or -1 (not a box's)
+    last: tuple[int, int] | None = None  # (content start, closing brace) of the last box that closed
+    for tok in _BRACE_OR_ESCAPE.finditer(text, min(contents) - 1):
+        if tok.group() == "{":
+            open_at.append(tok.end() if tok.end() in contents else -1)
+        elif tok.group() == "}" and open_at:
+            start = open_at.pop()
+            if start >= 0 and (last is None or start > last[0]):
+                last = (start, tok.start())
+    return None if last is None else text[last[0] : last[1]].strip()
 
 
 def reference_of(fmt: str, answer: str, where: str) -> str:
@@ -58,8 +65,9 @@ def _mv_parse(text: str):
 
 
 # '#### N' as GSM8K writes it: the line must start like an answer (digit, sign, '.', '$', '\\', '('), so a
-# markdown heading such as '#### Step 2: ...' is not taken for one.
-_HASH_ANSWER = re.compile(r"####[ \t]*\n?[ \t]*([-+.$€£¥₹\\(\d][^\n]*)")
+# markdown heading such as '#### Step 2: ...' is not taken for one. The blanks before and after the newline are
+# one run each ('[ \t]*\n?[ \t]*' split a long blank run every way: 3 s on 20,000 blanks).
+_HASH_ANSWER = re.compile(r"####[ \t]*(?:\n[ \t]*)?([-+.$€£¥₹\\(\d][^\n]*)")
 
 
 # ------------------------------------------------------------------------------- number formatting
@@ -94,7 +102,9 @@ _GROUPED_LATEX = _grouped(rf"(?:{_LATEX_SEP})")
 # A mixed number '1 1/2' is one number; math-verify reads '1 1/2' as 1 but '1\\frac{1}{2}' as 3/2.
 _MIXED = re.compile(r"(?<![\d.])(\d+)[ \t]+(\d+)[ \t]*/[ \t]*(\d+)(?![\d.])")
 # Any spacing between two digits, once the separators and mixed numbers above are read.
-_LATEX_SPACING = r"~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^}]*\}|\{,?\}"
+# An \\hspace's length holds no brace: '[^}]*' scanned to the end of the text from every digit before an unclosed
+# '\\hspace{' (quadratic: 4 s on 200,000 characters); '[^{}]*' stops at the next brace.
+_LATEX_SPACING = r"~|\\[,;:>! ]|\\q?quad\b|\\thinspace\b|\\hspace\*?\{[^{}]*\}|\{,?\}"
 _SPLIT_NUMBER = re.compile(rf"\d(?:\s|{_LATEX_SPACING})+\d")
 _LATEX_SPLIT = re.compile(rf"\d\s*(?:(?:{_LATEX_SPACING})\s*)+\d")
 _TRAILING_POINT = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\.(?![\d.])")
@@ -138,10 +148,11 @@ def math_gold(reference: str) -> list:
 
 # A number (sign, '$', thousands commas, decimals, a simple fraction) then plain words: the words are a unit.
 # math-verify knows unit words such as 'cm' or 'hours' but reads 'dollars' as a product of symbols; the first
-# word needs 2+ letters, so '5 x' stays algebra.
+# word needs 2+ letters, so '5 x' stays algebra. ('[A-Za-z]{2,}[A-Za-z'.-]*' split a long word every way: 7 s
+# on 20,000 letters; '{2}' reads the same words.)
 _NUMBER_THEN_WORDS = re.compile(
     r"((?:[-+]\s*)?(?:\\?\$\s*)?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\\frac\{\d+\}\{\d+\}|\s*/\s*\d+)?)"
-    r"\s+[A-Za-z]{2,}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
+    r"\s+[A-Za-z]{2}[A-Za-z'.-]*(?:\s+[A-Za-z][A-Za-z'.-]*)*"
 )
 
 

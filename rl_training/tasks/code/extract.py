@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
-# ```python / ```py / ```python3 / a bare ``` fence, closed by ``` at the start of a line.
-_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.M | re.S | re.I)
+# ```python / ```py / ```python3 / a bare ``` fence, closed by ``` at the start of a line. The blanks after a bare
+# fence are one run ('[ \t]*(?:python3?|py)?[ \t]*' split a long blank run every way: 2 s on 40,000 tabs).
+_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:(?:python3?|py)[ \t]*)?\n(.*?)^[ \t]*```", re.M | re.S | re.I)
 _OPEN_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)[ \t]*\n(.*)\Z", re.M | re.S | re.I)
 # Top-level lines a function continuation may contain; any other column-0 line ends it (a `print(...)`,
 # `if __name__ == ...`, a closing fence or prose), as the HumanEval stop sequences do.

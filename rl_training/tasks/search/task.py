@@ -30,15 +30,21 @@ INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let's try again.\n"
 )
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_OPENING = re.compile(r"<(search|answer)>")
 SEARCH_PARTS = ("em", "subem", "answered")  # per episode: exact match, substring match, has an <answer>
 
 
 def parse_action(text: str) -> tuple[str, str]:
     """('search', query) | ('answer', answer) | ('invalid', '') from one turn's sampled text: its first
     complete tag pair, as Search-R1's postprocess_predictions (a turn stops at its first closing tag)."""
-    m = _ACTION.search(text)
-    return (m.group(1), m.group(2).strip()) if m else ("invalid", "")
+    # What re.search(r"<(search|answer)>(.*?)</\1>", text, re.S) finds (the first opening that some later tag of
+    # its kind closes), without rescanning the rest of the text from every unclosed opening (2 s on 6,000).
+    last_close = {kind: text.rfind(f"</{kind}>") for kind in ("search", "answer")}
+    for m in _OPENING.finditer(text):
+        kind = m.group(1)
+        if last_close[kind] >= m.end():
+            return kind, text[m.end() : text.find(f"</{kind}>", m.end())].strip()
+    return "invalid", ""
 
 
 def _golden_answers(rec: dict, where: str, answer_key: str) -> list[str]:
