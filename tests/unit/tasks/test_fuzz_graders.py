@@ -498,6 +498,26 @@ def test_a_grader_that_swallows_the_alarm_still_times_out():
     assert guarded(lambda: SwallowsTheAlarm().reward("a", EX), 0.2, "late") == "late"
 
 
+class SwallowsEveryStage(Task):
+    """Five stages of 1 s, each catching every Exception (math-verify's parse tries several extractions so)."""
+
+    def reward(self, completion, example):
+        for _ in range(5):
+            try:
+                time.sleep(1)
+            except Exception:  # noqa: BLE001 -- the pattern under test
+                pass
+        return 1.0
+
+
+def test_a_grader_that_swallows_each_alarm_is_cut_short_at_every_stage():
+    """A one-shot alarm stopped only the first stage: 0.2 s + 4 x 1 s = 4.2 s of work past a 0.2 s limit. The
+    alarm repeats every 0.05 s past the limit, so each later stage ends within 0.05 s: about 0.4 s in all."""
+    t0 = time.perf_counter()
+    s = score_completions(SwallowsEveryStage(), ["a"], [EX], 0.2)
+    assert time.perf_counter() - t0 < 1.5 and s.timeouts == 1 and s.rewards == [0.0]
+
+
 def test_odd_values_in_a_batch_graders_parts_score_the_batch_zero_not_raise():
     # float() of parts and bool() of formatted ran outside score_completions' try: an OverflowError escaped.
     for out in (
