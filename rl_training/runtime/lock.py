@@ -70,6 +70,8 @@ class RunLock:
         self.path = Path(directory) / LOCK_FILE
         self.what, self.enabled = what, enabled
         self.fd: int | None = None
+        self.made: list[Path] = []  # what acquire() created (the directory, the file): a refused run removes them
+        self.found: set[str] = set()  # what the directory held before: a run that wrote nothing left just that
 
     def acquire(self) -> None:
         if not self.enabled:
@@ -79,12 +81,15 @@ class RunLock:
                 flush=True,
             )
             return
+        self.made = [p for p in (*reversed(self.path.parent.parents), self.path.parent, self.path) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.found = set(os.listdir(self.path.parent)) - {LOCK_FILE}
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
+            self.remove_if_unused()  # a lock that cannot be taken here leaves nothing behind either
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 held = self.path.read_text(errors="replace").strip() or "a process that has not written its name yet"
                 raise RunLockError(f"{self.path.parent} is in use by another {self.what}: {held}") from None
@@ -111,8 +116,27 @@ class RunLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        held = self.fd is not None
         self.release()
+        if held and exc_type is not None:
+            self.remove_if_unused()
+
+    def remove_if_unused(self) -> None:
+        """After a run that failed before writing anything (a refused config, a bad task): the lock file and the
+        directories acquire() made, so a refused run leaves nothing; no one else's file is touched, and a run that
+        wrote anything (a config, a checkpoint) keeps its directory as it is."""
+        for p in reversed(self.made):
+            try:
+                if p == self.path:
+                    if set(os.listdir(p.parent)) - {LOCK_FILE} != self.found:
+                        return
+                    p.unlink()
+                else:
+                    p.rmdir()  # only when empty: OSError otherwise
+            except OSError:
+                return
+        self.made = []
 
 
 def locked(body: Callable, what: str, before: Callable[[], None] | None = None) -> Callable:

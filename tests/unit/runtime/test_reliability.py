@@ -125,6 +125,32 @@ def test_runner_refuses_a_locked_run_directory(run_overrides, tmp_path, capsys):
     assert sorted(p.name for p in run_dir.iterdir()) == ["LOCK"]  # nothing else was written
 
 
+def test_a_refused_run_leaves_nothing_behind(tmp_path, capsys):
+    """A run refused after taking its lock (a task file that does not exist) left runs/<name>/LOCK behind. The
+    directories and the file the lock made go again; a directory that was already there, or holds anything else,
+    stays as it was."""
+    from rl_training.runners import rl_runner
+
+    out = tmp_path / "runs"
+    bad = ["--cfg", TESTCFG, f"run.output_dir={out}", "task.name=/nonexistent.py:X"]
+    assert rl_runner.main(bad) == 2
+    assert "no such file /nonexistent.py" in capsys.readouterr().err and not out.exists()
+    (out / "testconfig").mkdir(parents=True)
+    (out / "testconfig" / "notes.txt").write_text("mine")
+    assert rl_runner.main(bad) == 2
+    assert sorted(p.name for p in (out / "testconfig").iterdir()) == ["notes.txt"]
+
+
+def test_a_lock_on_a_file_system_that_cannot_lock_leaves_nothing(tmp_path, monkeypatch):
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(RunLockError):
+        RunLock(tmp_path / "runs" / "x", "training run").acquire()
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------------ metrics.jsonl
 def test_torn_last_line_is_dropped_with_a_note_on_resume(tmp_path, capsys):
     lines = [json.dumps({"step": s, "x": s}) + "\n" for s in (1, 2, 3)]
