@@ -24,7 +24,7 @@ def clean_text(text: Any) -> str:
     """`text` as a str of valid UTF-8: lone surrogates replaced by '?'; a str subclass as a plain str; anything
     else (never expected) by its type name."""
     if not isinstance(text, str):
-        return f"<{_type_name(text)}>"
+        return f"<{type_name(text)}>"
     text = str.__str__(text)
     try:
         text.encode("utf-8")
@@ -33,7 +33,8 @@ def clean_text(text: Any) -> str:
         return text.encode("utf-8", errors="replace").decode("utf-8")
 
 
-def _type_name(x: Any) -> str:
+def type_name(x: Any) -> str:
+    """The name of x's type for a message; total (a metaclass may make even the name raise)."""
     try:
         name = type(x).__name__
         return name if isinstance(name, str) else "object"
@@ -51,16 +52,18 @@ class _Added:
         self.pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
 
 
-_ADDED: dict[int, tuple[Any, _Added]] = {}
+_ADDED: dict[int, tuple[Any, int, _Added]] = {}
 
 
 def _added(tokenizer) -> _Added:
-    key = id(tokenizer)
+    """The tokenizer's _Added, rebuilt when its vocabulary grew (len() is cheap; added_tokens_encoder builds a
+    dict on every read, which would cost each encoding)."""
+    key, size = id(tokenizer), len(tokenizer)
     hit = _ADDED.get(key)
-    if hit is None or hit[0] is not tokenizer or len(hit[1].ids) != len(tokenizer.added_tokens_encoder):
-        hit = (tokenizer, _Added(tokenizer))
+    if hit is None or hit[0] is not tokenizer or hit[1] != size:
+        hit = (tokenizer, size, _Added(tokenizer))
         _ADDED[key] = hit
-    return hit[1]
+    return hit[2]
 
 
 def _batch(tokenizer, texts: list[str]) -> list[list[int]]:

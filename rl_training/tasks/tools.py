@@ -46,7 +46,7 @@ from typing import Any
 
 from rl_training.base.errors import UserError, one_line
 from rl_training.data.sources import Example
-from rl_training.data.text import clean_text, encode_plain, encode_prefix
+from rl_training.data.text import clean_text, encode_plain, encode_prefix, type_name
 from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn
 from rl_training.tasks.tool_process import ToolProcess
 
@@ -96,8 +96,7 @@ def result_text(out: Any) -> str:
 def _unshowable(out: Any) -> str:
     if isinstance(out, int) and not isinstance(out, bool):
         return f"<int of {out.bit_length()} bits, too large to print>"
-    name = clean_text(type(out).__name__) if isinstance(getattr(type(out), "__name__", None), str) else "object"
-    return f"<{name} that cannot be shown as text>"
+    return f"<{clean_text(type_name(out))} that cannot be shown as text>"
 
 
 def preview(value: Any, n: int = 40) -> str:
@@ -447,8 +446,8 @@ class ToolEnvironment(Environment):
 
     @property
     def max_results_per_turn(self) -> int:
-        """The most results one tool turn carries: the episode's max_tool_calls calls and one too_many error for
-        every block past them (tool_step)."""
+        """The most results one tool turn carries: the episode's max_tool_calls calls and one too_many error that
+        counts every block past them (tool_step)."""
         return self.max_tool_calls + 1
 
     def format_for(self, tokenizer) -> ChatToolFormat:
