@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import sys
 from collections.abc import Callable
 
@@ -13,7 +14,7 @@ from rl_training.base import dist
 from rl_training.base.errors import UserError
 from rl_training.base.exit_codes import USER_ERROR_EXIT_CODE
 from rl_training.config.load import load_config
-from rl_training.config.schema import Config
+from rl_training.config.schema import Config, ConfigError
 
 
 def run_cli(doc: str, body: Callable[[Config, dist.DistInfo], int | None], argv=None) -> int:
@@ -39,7 +40,16 @@ def exit_status_of(run: Callable[[], int | None]) -> int:
     try:
         return run() or 0
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        if not said_by_another_rank(e):
+            print(f"error: {e}", file=sys.stderr, flush=True)
         return getattr(e, "exit_status", USER_ERROR_EXIT_CODE)
     finally:
         dist.cleanup()
+
+
+def said_by_another_rank(e: UserError) -> bool:
+    """A ConfigError is met alike by every rank (they read the same config and task file, and the project raises
+    none on one rank alone): the first rank of each node prints it, the others exit with its status in silence.
+    Per node, not rank 0 alone: a file missing on one node's disk is that node's error. Any other UserError may be
+    one rank's own (its checkpoint, its GPU, its server) and is printed by every rank that meets it."""
+    return isinstance(e, ConfigError) and int(os.environ.get("LOCAL_RANK", "0")) != 0
