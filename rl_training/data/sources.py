@@ -3,7 +3,8 @@
 A source is a path (.jsonl, .json, .parquet) or a Hugging Face `datasets` spec 'name[:config]@split' (read from
 the local cache in offline mode). What a record means is the task's business (`Task.parse`, rl_training/tasks):
 this module only reads records, names where each came from ('file:line', 'file:row i', 'spec:row i') and makes
-every malformed file an error naming that place.
+every malformed file an error naming that place. The one exception is a row `python -m rl_training.synthesize`
+wrote (`synthesized_row`): it holds the Example the task's parse made, and is read back as that Example.
 """
 
 from __future__ import annotations
@@ -100,14 +101,35 @@ def read_records(spec: str):
         yield from _records_from_hub(spec)
 
 
+SYNTHESIZED = "synthesized"  # the key that marks a row synthesize wrote (its value: true)
+
+
+def synthesized_row(ex: Example, answer: str) -> dict:
+    """A verified sample as synthesize writes it: the Example the task's parse made and the sampled text as
+    `answer` (question/answer: what a built-in task reads with data.question_key/answer_key too)."""
+    row = {"question": ex.question, "answer": answer, "reference": ex.reference, "source": ex.source}
+    return row | ({"meta": ex.meta} if ex.meta else {}) | {SYNTHESIZED: True}
+
+
+def synthesized_example(rec: dict, where: str) -> Example:
+    """A `synthesized_row` as its Example, with the sampled answer as the solution (SFT's target). Read without
+    the task's parse, which reads the task's own records (a user's {"word": ...}), not these rows."""
+    for key in ("question", "answer", "reference"):
+        if not isinstance(rec.get(key), str):
+            raise DataError(f"{where}: a synthesized row needs a string '{key}', got {type(rec.get(key)).__name__}")
+    if not isinstance(rec.get("meta", {}), dict):
+        raise DataError(f"{where}: a synthesized row's 'meta' must be a mapping")
+    return Example(rec["question"], rec["reference"], rec["answer"], where, rec.get("meta", {}))
+
+
 def load_examples(spec: str, parse: Callable[[dict, str], Example], limit: int = 0) -> list[Example]:
-    """The Examples `parse` (a task's `parse`) makes of the first `limit` records (0 = all); an Example without
-    a source gets the record's place."""
+    """The Examples `parse` (a task's `parse`) makes of the first `limit` records (0 = all), a row synthesize
+    wrote read as its own Example instead; an Example without a source gets the record's place."""
     out = []
     for where, rec in read_records(spec):
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-        ex = parse(rec, where)
+        ex = synthesized_example(rec, where) if rec.get(SYNTHESIZED) is True else parse(rec, where)
         if not isinstance(ex, Example):
             raise DataError(f"{where}: the task's parse returned {type(ex).__name__}, not an Example")
         out.append(ex if ex.source else dataclasses.replace(ex, source=where))

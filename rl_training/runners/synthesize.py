@@ -12,10 +12,12 @@ rollout.max_new_tokens); a multi-turn task samples whole episodes with its envir
 training does. The grader is the one training and evals use (the task's), and "verified" means what accuracy
 counts as correct.
 
-Writes OUT (one record per kept completion: question, answer = the completion's sampled text, reference,
-source; for a multi-turn task also `segments`, the episode as gold-episode segments for sft.gold_episodes) and
+Writes OUT (one record per kept completion, `data.sources.synthesized_row`: the problem's Example, answer = the
+completion's sampled text; for a multi-turn task also `segments`, the episode as gold-episode segments for
+sft.gold_episodes), which every command reads back as those Examples without the task's parse, and
 OUT.stats.jsonl (per problem: samples, verified, kept after dedupe, pass rate), and prints the pass-rate
-summary and the SFT command. Output is written whole or not at all (temp file + rename).
+summary and the SFT command: the same config, task and task.args, by absolute paths, runnable from any
+directory. Output is written whole or not at all (temp file + rename).
 """
 
 from __future__ import annotations
@@ -23,27 +25,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from rl_training.base import dist
 from rl_training.ckpt.store import CheckpointError
 from rl_training.config.load import load_config
-from rl_training.config.resolve import resolve
-from rl_training.config.schema import ConfigError
+from rl_training.config.resolve import absolute_path, resolve
+from rl_training.config.schema import Config, ConfigError
 from rl_training.data.prompts import dedupe_questions, encode_prompts
-from rl_training.data.sources import Example, load_examples
+from rl_training.data.sources import Example, load_examples, synthesized_row
 from rl_training.rollout.base import Rollouts, SamplingSpec
 from rl_training.rollout.factory import build_rollout
 from rl_training.runtime.cli import exit_status_of
 from rl_training.tasks.base import Environment, score_completions
 from rl_training.tasks.build import build_task, task_context
-
-# The task.name sft_runner should read the output with: math answers are graded by their last \boxed /
-# '#### N', which "math" reads from any verified completion (gsm8k's parser insists on '####').
-SFT_TASK = {"gsm8k": "math"}
 
 
 def canonical(text: str) -> str:
@@ -72,7 +73,7 @@ def select(
             if not key or key in seen:
                 continue
             seen.add(key)
-            rec = {"question": ex.question, "answer": texts[j], "reference": ex.reference, "source": ex.source}
+            rec = synthesized_row(ex, texts[j])
             kept.append(rec | ({"segments": segments[j]} if segments is not None else {}))
         stats.append(
             {"source": ex.source, "question": ex.question, "samples": k, "verified": n_ok, "kept": len(seen)}
@@ -170,14 +171,42 @@ def synthesize(a: argparse.Namespace) -> int:
         + (f"; {dupes} repeated problems" if dupes else "")
     )
     print(f"wrote {a.out} and {a.out.name}.stats.jsonl; SFT on it:")
-    sft_task = SFT_TASK.get(cfg.task.name, cfg.task.name)
-    data = f"sft.gold_episodes={a.out} data.train={source}" if multi_turn else f"data.train={a.out}"
-    print(
-        f"  torchrun --nproc_per_node=1 rl_training/runners/sft_runner.py --cfg cfg/tiny_sft.yaml "
-        f"model.name_or_path={cfg.model.name_or_path} {data} task.name={sft_task} "
-        "data.question_key=question data.answer_key=answer"
-    )
+    print(f"  {sft_command(a, cfg, source, multi_turn)}")
     return 0
+
+
+# What sft_command sets itself; the user's other overrides (prompt settings, say) are carried as typed.
+SFT_KEYS = ("model.name_or_path", "task.", "data.format", "data.train", "sft.gold_episodes", "run.name")
+
+
+def sft_command(a: argparse.Namespace, cfg: Config, source: str, multi_turn: bool) -> str:
+    """The SFT command on OUT, as a shell line that runs from any directory: the config, the data, the model
+    and the task file by absolute path, task.args as resolved (the config's and the command line's), the
+    user's other overrides as given, and a run of its own (OUT's stem + '_sft', beside the RL runs)."""
+    out = os.path.abspath(a.out)
+    data = [f"sft.gold_episodes={out}", f"data.train={absolute_path(source)}"] if multi_turn else [f"data.train={out}"]
+    words = [
+        *("python", "-m", "rl_training.runners.sft_runner", "--cfg", os.path.abspath(a.cfg)),
+        *(ov for ov in a.overrides if not ov.split("=", 1)[0].startswith(SFT_KEYS)),
+        f"model.name_or_path={cfg.model.name_or_path}",
+        f"task.name={cfg.task.name}",
+        *(f"task.args.{k}={override_text(v)}" for k, v in cfg.task.args.items()),
+        *data,
+        f"run.name={a.out.stem}_sft",
+    ]
+    return shlex.join(words)
+
+
+def override_text(value) -> str:
+    """`value` as the text of a key=value override that reads back as `value` (overrides are YAML): a string
+    that YAML reads unchanged as itself, else JSON (a subset of YAML: "it's 1: ok" stays a string, "true" too)."""
+    if isinstance(value, str):
+        try:
+            if yaml.safe_load(value) == value:
+                return value
+        except yaml.YAMLError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
 
 
 def episode_segments(ro: Rollouts, i: int, tokenizer) -> list[dict]:

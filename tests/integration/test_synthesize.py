@@ -20,7 +20,7 @@ def test_select_keeps_verified_distinct_samples_and_counts_pass_rates():
     correct = [True, True, True, False, False, False, False, False]
     kept, stats = synthesize.select(exs, texts, correct, k=4)
     assert [r["answer"] for r in kept] == ["cba", "c b a"]
-    assert kept[0] == {"question": "abc", "answer": "cba", "reference": "cba", "source": "f:1"}
+    assert kept[0] == {"question": "abc", "answer": "cba", "reference": "cba", "source": "f:1", "synthesized": True}
     assert [(s["verified"], s["kept"], s["pass_rate"]) for s in stats] == [(3, 2, 0.75), (0, 0, 0.0)]
     assert "2 problems: 1 with >= 1 verified sample (50.0%), mean pass rate 0.375, 2 records kept" in (
         synthesize.summary(stats)
