@@ -15,6 +15,8 @@ rollout engine are built once; each checkpoint's adapter is loaded into the same
 vLLM, pushed into the live engine (`sync_weights`), so there is no rebuild per checkpoint. Step 0 is the
 same model with every LoRA B matrix zeroed: the adapter's delta is exactly 0, i.e. the base model.
 
+Beside accuracy, each result counts the completions the grader failed on (grader_errors, grader_timeouts,
+grader_invalid: each scored 0), in the table, the JSON, summary.csv and TensorBoard.
 Results go to RUN/eval/NAME/ (NAME: --name, default from the dataset): step_NNNNNN.json (metrics, timing,
 problems/s, backend, dtype, settings), step_NNNNNN.problems.jsonl (every completion with its grade),
 summary.csv (one row per step), plots/*.png (each metric against step, overview.png), and TensorBoard scalars
@@ -45,7 +47,14 @@ from rl_training.ckpt.store import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, 
 from rl_training.config.load import load_config
 from rl_training.config.resolve import resolve
 from rl_training.config.schema import Config, ConfigError, get_key
-from rl_training.evaluation.evaluate import EvalSettings, evaluate_policy, load_eval_set, write_step_result
+from rl_training.evaluation.evaluate import (
+    GRADER_METRICS,
+    EvalSettings,
+    GradingCounts,
+    evaluate_policy,
+    load_eval_set,
+    write_step_result,
+)
 from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.policy.models import load_tokenizer
 from rl_training.runtime.cli import exit_status_of
@@ -392,9 +401,12 @@ def run_evals(cfg, todo, tokenizer, task, examples, prompts, es, settings, run_d
             t_sync = time.perf_counter()
             backend.sync_weights(model)
             t_eval = time.perf_counter()
-            records, timing = evaluate_policy(backend, prompts, examples, task, es, chunk=chunk, progress=bar.update)
+            grading = GradingCounts()
+            records, timing = evaluate_policy(
+                backend, prompts, examples, task, es, chunk=chunk, progress=bar.update, grading=grading
+            )
             timing = {"load_s": t_sync - t_load, "sync_s": t_eval - t_sync, **timing}
-            metrics = summarize(records, es.ks)
+            metrics = {**summarize(records, es.ks), **grading.metrics()}
             result = {
                 "step": t.step,
                 "checkpoint": None if t.path is None else str(t.path),
@@ -418,21 +430,29 @@ def run_evals(cfg, todo, tokenizer, task, examples, prompts, es, settings, run_d
 
 def _one_line(m: dict, t: dict) -> str:
     keys = ["accuracy"] + [k for k in m if k.startswith(("pass@", "maj@"))] + ["format_rate", "truncation_rate"]
-    return "  ".join(f"{k} {m[k]:.3f}" for k in keys) + f"  ({t['problems_per_s']:.1f} problems/s)"
+    failed = "  ".join(f"{k} {m[k]}" for k in GRADER_METRICS)
+    return "  ".join(f"{k} {m[k]:.3f}" for k in keys) + f"  {failed}  ({t['problems_per_s']:.1f} problems/s)"
+
+
+def _count(value) -> str:
+    """A grader count in the table; '-' for a result written before evals.run counted them."""
+    return "-" if value is None else str(value)
 
 
 def report(results, es, settings, out_dir, title, run_best: Path | None = None) -> None:
-    columns = metric_names(es.ks, es.num_samples > 0)
+    columns = [*metric_names(es.ks, es.num_samples > 0), *GRADER_METRICS]
     write_summary_csv(results, columns, out_dir / "summary.csv")
     subtitle = f"{title} | {settings['num_problems']} problems, n={es.num_samples}, T={es.temperature}"
     plots = write_plots(results, es.ks, out_dir / "plots", f"{subtitle}, {settings['backend']}")
     shown = ["accuracy"] + ([f"pass@{k}" for k in es.ks] + [f"maj@{k}" for k in es.ks] if es.num_samples else [])
     best = best_step(results)
-    print("\n" + f"{'step':>9}" + "".join(f"{k:>11}" for k in [*shown, "problems/s"]))
+    failed = [k.removeprefix("grader_") for k in GRADER_METRICS]  # completions the grader failed on
+    print("\n" + f"{'step':>9}" + "".join(f"{k:>11}" for k in [*shown, *failed, "problems/s"]))
     for r in results:
-        vals = [r["metrics"][k] for k in shown] + [r["timing"]["problems_per_s"]]
+        vals = "".join(f"{r['metrics'][k]:>11.3f}" for k in shown)
+        counts = "".join(f"{_count(r['metrics'].get(k)):>11}" for k in GRADER_METRICS)
         mark = "*" if r["step"] == best else " "
-        print(f"{r['step']:>8}{mark}" + "".join(f"{v:>11.3f}" for v in vals))
+        print(f"{r['step']:>8}{mark}{vals}{counts}{r['timing']['problems_per_s']:>11.3f}")
     if best is not None:
         top = next(r for r in results if r["step"] == best)["metrics"]["accuracy"]
         line = f"* best: step {best} (accuracy {top:.3f})"

@@ -4,7 +4,7 @@ For each problem: one greedy completion (accuracy, format, length, truncation) a
 sampled ones (pass@k, maj@k), all from the rollout backend, rendered with the training prompt template
 (`encode_prompts`) and graded with the training grader (the run's task, `score_completions`).
 The result is one record per problem (what the per-problem jsonl holds) and the timing; `evaluation.pass_at_k`
-turns the records into metrics.
+turns the records into metrics. The grader's failures (`GradingCounts`) are counted per grading call, beside them.
 
 Seeding: problem i (its index in the whole dataset) is sampled with seed `eval.seed + i` (vLLM takes it per
 request), and the torch RNG is seeded the same way for the HF backend inside `torch.random.fork_rng`, so
@@ -29,7 +29,28 @@ from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.pass_at_k import summarize
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
-from rl_training.tasks.base import Task, score_completions
+from rl_training.tasks.base import Scores, Task, score_completions
+
+GRADER_METRICS = ("grader_errors", "grader_timeouts", "grader_invalid")  # GradingCounts.metrics(), in order
+
+
+@dataclass
+class GradingCounts:
+    """The eval's completions (greedy and sampled) the grader failed on, each scored 0 like a wrong answer. Counted
+    per grading call, as score_completions counts them: a batch grader's failures belong to no one problem, so they
+    sit beside the per-problem records, not in them."""
+
+    errors: int = 0  # the grader raised
+    timeouts: int = 0  # it ran past reward.timeout_s
+    invalid: int = 0  # it returned no finite number
+
+    def add(self, scores: Scores) -> None:
+        self.errors += scores.errors
+        self.timeouts += scores.timeouts
+        self.invalid += scores.invalid
+
+    def metrics(self) -> dict[str, int]:
+        return dict(zip(GRADER_METRICS, (self.errors, self.timeouts, self.invalid), strict=True))
 
 
 @dataclass(frozen=True)
@@ -80,12 +101,15 @@ def evaluate_policy(
     first_index: int = 0,
     chunk: int = 0,
     progress: Callable[[int], None] | None = None,
+    grading: GradingCounts | None = None,
 ) -> tuple[list[dict], dict[str, float]]:
     """(per-problem records, timing) for the backend's current weights.
 
     `first_index` is the dataset index of prompts[0] (seeds are per dataset index); `chunk` problems are
-    generated per backend call (0 = all at once); `progress(n)` is called after each chunk.
+    generated per backend call (0 = all at once); `progress(n)` is called after each chunk; `grading`, when given,
+    gets the grader's failures added.
     """
+    grading = GradingCounts() if grading is None else grading
     records: list[dict] = []
     timer = PhaseTimer()
     gen_tokens = 0
@@ -104,9 +128,11 @@ def evaluate_policy(
                 sampled = backend.generate(batch, spec, examples=exs)
         with timer("score"):
             g_scores = score_completions(task, greedy.texts, exs, s.timeout_s)
+            grading.add(g_scores)
             if sampled is not None:
                 n = s.num_samples
                 s_scores = score_completions(task, sampled.texts, [ex for ex in exs for _ in range(n)], s.timeout_s)
+                grading.add(s_scores)
         gen_tokens += sum(map(len, greedy.completion_ids)) + (sum(map(len, sampled.completion_ids)) if sampled else 0)
         for i, ex in enumerate(exs):
             samples = []

@@ -5,6 +5,7 @@ time-outs beside accuracy; a bad task spec under torchrun is one line, not one p
 
 from __future__ import annotations
 
+import csv
 import json
 import shlex
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import yaml
 
 from tests.helpers import RL_RUNNER, TESTCFG, torchrun_cmd
+from tests.integration.test_user_tasks import GRADER
 
 # Every completion counts as verified (correct_threshold 0), so synthesize keeps each distinct sample. `parse`
 # reads the user's own records ({"word": ...}); the arguments must arrive exactly (a string YAML would read as a
@@ -82,6 +84,36 @@ def test_printed_sft_command_runs_from_the_users_directory(warm_model, tmp_path,
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["task"]["args"] == {"greeting": "it's 1: ok", "count": 3}
     assert saved["data"]["train"] == str(out)
+
+
+def test_evals_report_grader_errors_and_timeouts(warm_model, tmp_path, capsys):
+    from evals import run as evals_run
+    from rl_training.runners import rl_runner
+
+    # ok, ok, raise, hang: the grader raises for one problem's completions and runs past the limit on another's
+    (tmp_path / "moody.py").write_text(GRADER)
+    data = tmp_path / "moody.jsonl"
+    rows = [{"q": q, "mode": m} for q, m in zip("abcd", ["ok", "ok", "raise", "hang"])]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec, limit = f"task.name={tmp_path / 'moody.py'}:Moody", "reward.timeout_s=0.3"
+    paths = [f"data.train={data}", f"data.eval={data}", f"run.output_dir={tmp_path / 'runs'}"]
+    argv = ["--cfg", TESTCFG, f"model.name_or_path={warm_model}", spec, limit, *paths, "train.total_steps=2"]
+    assert rl_runner.main([*argv, "eval.every=0"]) == 0
+    run_dir = tmp_path / "runs" / "testconfig"
+    capsys.readouterr()
+    args = ["--run-dir", str(run_dir), "--steps", "2", "--no-base", "--backend", "hf", "--n", "2", "--k", "1,2"]
+    assert evals_run.main([*args, "--name", "e"]) == 0
+    printed = capsys.readouterr().out
+    # 4 problems x (1 greedy + 2 sampled): the 'raise' problem's 3 completions raised, the 'hang' one's timed out
+    result = json.loads((run_dir / "eval" / "e" / "step_000002.json").read_text())
+    assert result["metrics"]["grader_errors"] == 3 and result["metrics"]["grader_timeouts"] == 3
+    assert result["metrics"]["reward_mean"] == 0.25  # the two 'ok' problems' greedy completions score 0.5
+    (row,) = csv.DictReader((run_dir / "eval" / "e" / "summary.csv").open())
+    assert (float(row["grader_errors"]), float(row["grader_timeouts"])) == (3, 3)
+    header = next(x for x in printed.splitlines() if x.split()[:2] == ["step", "accuracy"])
+    table_row = next(x for x in printed.splitlines() if x.split()[:1] == ["2*"])
+    cells = dict(zip(header.split(), table_row.split(), strict=True))
+    assert (cells["errors"], cells["timeouts"]) == ("3", "3")
 
 
 def test_bad_task_spec_under_torchrun_prints_one_line(run_overrides, tmp_path):
