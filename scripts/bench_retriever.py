@@ -5,9 +5,9 @@
 Passages: 40 words each from a Zipf-distributed vocabulary of 50k words (s = 1.1, like English text) whose
 first 100 ranks are cut (stopwords); a query is 5 words of one passage, so every query hits. Reported, medians of
 --repeats runs:
-- bm25 (ours, rl_training/tasks/search/bm25.py): queries/s of one batched retrieve() call, topk 3, one thread;
+- bm25 (ours, rl_training/retrieval/bm25.py): queries/s of one batched retrieve() call, topk 3, one thread;
 - bm25s retrieve (its numpy backend, dense scoring) on a subset, side by side, for the ratio;
-- HTTP round trip over loopback to `python -m rl_training.tasks.search.server`'s app: p50/p95 latency of one
+- HTTP round trip over loopback to `python -m rl_training.retrieval.server`'s app: p50/p95 latency of one
   1-query request (SkyRL's shape), of one 1-query batched request, and of one 64-query batch.
 Prints a table and the JSON (also written to --out).
 """
@@ -29,7 +29,7 @@ HEAD = 100  # Zipf ranks treated as stopwords (not generated)
 
 
 def synthetic_corpus(n: int, vocab: int, words: int, seed: int):
-    from rl_training.tasks.search.retriever import Passage
+    from rl_training.retrieval.retriever import Passage
 
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
@@ -48,8 +48,8 @@ def percentile_ms(xs: list[float], q: float) -> float:
 def round_trips(retriever, queries: list[str], n: int) -> dict:
     import uvicorn
 
-    from rl_training.tasks.search.client import HttpRetriever
-    from rl_training.tasks.search.server import listen, make_app
+    from rl_training.retrieval.client import HttpRetriever
+    from rl_training.retrieval.server import listen, make_app
 
     sock = listen("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(make_app(retriever), log_level="error", access_log=False))
@@ -89,7 +89,7 @@ def main() -> int:
     a = ap.parse_args()
     import bm25s
 
-    from rl_training.tasks.search.bm25 import BM25Retriever, _tokenize
+    from rl_training.retrieval.bm25 import BM25Retriever, _tokenize
 
     corpus = synthetic_corpus(a.passages, 50_000, 40, a.seed)
     rng = np.random.default_rng(a.seed + 1)

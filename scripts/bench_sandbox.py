@@ -28,8 +28,8 @@ import statistics
 import sys
 import time
 
+from rl_training.sandbox.pool import Pool, PoolSettings, Worker
 from rl_training.tasks.code.harness import Program, judge, judge_batch
-from rl_training.tasks.code.sandbox import Pool, PoolSettings, Worker
 from rl_training.tasks.code.task import code_example, program_of
 
 

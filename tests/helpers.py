@@ -26,7 +26,7 @@ from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_
 from rl_training.config.schema import LoraCfg
 from rl_training.policy.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.tasks.code.worker import descendants
+from rl_training.sandbox.worker import descendants
 from rl_training.train.update import NULL_PROBES, UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
 
 # ------------------------------------------------------------------------------------------- paths, configs

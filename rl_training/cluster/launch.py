@@ -235,14 +235,14 @@ class RetrieverServer:
 
 def start_retriever(env: dict[str, str], wenv: dict[str, str], local: Path, log: Path) -> RetrieverServer:
     """RL_RETRIEVER_ARGS='--corpus C.jsonl [--retriever dense --index I --encoder E ...]': run
-    `python -m rl_training.tasks.search.server ARGS --host 127.0.0.1 --port 0` on this node (its output in `log`);
+    `python -m rl_training.retrieval.server ARGS --host 127.0.0.1 --port 0` on this node (its output in `log`);
     RL_RETRIEVER_URL=http://host:port/retrieve: a server that already runs. Either way /health must answer
     within RL_RETRIEVER_DEADLINE_S (default 900: a FAISS index takes minutes to load), the host goes into
     wenv's NO_PROXY (exact name), and the runner gets search.retriever=http search.url=URL (appended: they win).
     Raises RetrieverError (after stopping what it started) when the server dies or misses the deadline."""
     import shlex
 
-    from rl_training.tasks.search.client import no_proxy_hosts
+    from rl_training.retrieval.client import no_proxy_hosts
 
     server_args, url = env.get("RL_RETRIEVER_ARGS", ""), env.get("RL_RETRIEVER_URL", "")
     if not server_args and not url:
@@ -253,7 +253,7 @@ def start_retriever(env: dict[str, str], wenv: dict[str, str], local: Path, log:
     server = RetrieverServer(url)
     if server_args:
         port_file = local / "retriever.port"
-        cmd = [sys.executable, "-m", "rl_training.tasks.search.server", *shlex.split(server_args)]
+        cmd = [sys.executable, "-m", "rl_training.retrieval.server", *shlex.split(server_args)]
         cmd += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
         with log.open("ab") as out:
             server.proc = subprocess.Popen(cmd, env=wenv, stdout=out, stderr=subprocess.STDOUT)
@@ -282,7 +282,7 @@ def _check_server(server: RetrieverServer, deadline: float, log: Path) -> None:
 def _wait_healthy(server: RetrieverServer, deadline: float, log: Path) -> dict:
     import requests
 
-    from rl_training.tasks.search.client import HttpRetriever
+    from rl_training.retrieval.client import HttpRetriever
 
     client = HttpRetriever(server.url, timeout_s=5.0, retries=0)
     try:

@@ -1,5 +1,5 @@
 """The `python` tool environment: tool-integrated math reasoning (ToRL, ReTool, SimpleTIR) on the chat-template
-tool protocol (tools.py), the model's code run in the bubblewrap sandbox pool (tasks/code/sandbox.py), the final
+tool protocol (tools.py), the model's code run in a sandbox pool of its own (rl_training/sandbox/), the final
 answer graded by the math grader (tasks/math.py). docs/tools.md, "The python tool", has the protocol, the
 metrics, the limits and the persistence choice.
 
@@ -25,9 +25,9 @@ from typing import Literal
 
 from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import Example
+from rl_training.sandbox import worker
+from rl_training.sandbox.pool import Job, JobTimeout, Pool, PoolSettings
 from rl_training.tasks.base import TaskContext, Turn
-from rl_training.tasks.code import worker
-from rl_training.tasks.code.sandbox import Job, JobTimeout, Pool
 from rl_training.tasks.math import MathTask, math_answer_classes, math_has_answer, math_reward
 from rl_training.tasks.tools import (
     ERROR_CLASSES,
@@ -147,26 +147,23 @@ class PythonToolEnvironment(ToolEnvironment):
 
     # ------------------------------------------------------------------------------------------- resources
     def start(self, ctx: TaskContext | None = None) -> None:
-        """The template check (ToolEnvironment.start), then this process's sandbox pool with the run's sandbox.*
+        """The template check (ToolEnvironment.start), then this environment's sandbox pool with the run's sandbox.*
         (SandboxUnavailable says why a node cannot run it)."""
-        from rl_training.tasks.code.task import configure, get_pool
-
         ctx = ctx or TaskContext()
         super().start(ctx)
         s = getattr(ctx.cfg, "sandbox", None) or SandboxCfg()
         # fresh: every call gets a sandbox of its own. The episodes of a group share a prompt, so anything one call
         # left in a reused worker (a locked directory, /tmp's mode or times, the template's rlimits, the pid counter)
         # could carry an answer to another episode; the cost is a sandbox start per call (docs/tools.md).
-        configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size, fresh=True)
-        self.pool = get_pool()
+        self.close()  # a second start replaces the pool
+        self.pool = Pool(PoolSettings.from_cfg(s, ranks_per_node=ctx.local_world_size, fresh=True))
         if ctx.rank == 0:
             print(f"python tool sandbox protections: {self.pool.protections.summary()}", flush=True)
 
     def close(self) -> None:
-        from rl_training.tasks.code.task import close_pool
-
-        close_pool()
-        self.pool = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     # -------------------------------------------------------------------------------------------- grading
     def parse(self, record: dict, where: str) -> Example:

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from rl_training.cluster.launch import RetrieverError, RetrieverServer, start_retriever
-from rl_training.tasks.search.client import HttpRetriever
+from rl_training.retrieval.client import HttpRetriever
 from tests.helpers import REPO, SBATCH, TEST_RESOURCES, TESTCFG, job_env, sbatch, step_environments, wait_job
 
 

@@ -215,7 +215,7 @@ def test_the_server_keeps_to_its_core(server, server_run):
     threads) may run only on the server's core, so the trainer keeps the others (without it the engine's threads
     bound every core and the async demo's update took 2 s instead of 0.17; docs/server.md). After a generation,
     so the engine's OpenMP pool exists."""
-    from rl_training.tasks.code.worker import descendants
+    from rl_training.sandbox.worker import descendants
 
     if server.cpus is None:
         pytest.skip("one core: nothing to keep the server off")

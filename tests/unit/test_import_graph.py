@@ -31,13 +31,15 @@ LAYERS = (
     "data",  # records from files and datasets, Example, prompts and the sampler, gold episodes
     "policy",  # model + LoRA build, merged weights, the tiny model
     "ckpt",  # checkpoint store, completion marker, resume choice, background upload
+    "sandbox",  # the code-execution sandbox pool: a leaf, owned by the task that runs programs
+    "retrieval",  # retrievers (BM25, dense, HTTP client) and the retrieval server
+    "cluster",  # SLURM launch and per-node servers: starts processes, imports no task
     "tasks",  # the Task / Environment interface, its builder, and the families: math, reverse, search, code
     "probes",  # gradient noise scale and effective sample size
     "rollout",  # backends (vLLM, HF, servers), the generic episode engine, async queue
     "train",  # micro-batches, packing, the update, step guard, optimizer
     "metrics",  # step and episode metrics, logger, samples, W&B, progress
     "evaluation",  # the eval library: one policy on held-out problems, pass@k / maj@k
-    "cluster",  # SLURM launch and per-node servers
     "runners",  # the commands: RL, SFT, synthesize, monitor
 )
 
@@ -214,6 +216,28 @@ def test_packages_depend_downward_only():
     for m, deps in graph.items():
         pkg_edges.setdefault(package_of(m), set()).update(package_of(t) for t in deps if package_of(t) != package_of(m))
     assert find_cycle(pkg_edges) is None
+
+
+def test_a_task_family_is_imported_only_by_itself_and_the_registry():
+    """Infrastructure is not a task (issue 39): a task family's folder (tasks/code/, tasks/search/) is imported, within
+    tasks/, only by its own modules and tasks/build.py, so what two tasks share (the sandbox pool the code task and
+    the python tool both use, the retrievers) lives in a package of its own, not in one family's internals."""
+    tasks = ROOT / "rl_training" / "tasks"
+    families = {d.name for d in tasks.iterdir() if d.is_dir() and (d / "__init__.py").exists()}
+    assert {"code", "search"} <= families
+
+    def family(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["rl_training", "tasks"] and parts[2] in families else None
+
+    reach = sorted(
+        (m, t)
+        for m, deps in import_graph().items()
+        if m.startswith("rl_training.tasks") and m != "rl_training.tasks.build"
+        for t in deps
+        if family(t) and family(t) != family(m)
+    )
+    assert not reach, f"modules of tasks/ that reach into another family's folder: {reach}"
 
 
 def test_the_top_level_of_rl_training_holds_packages():

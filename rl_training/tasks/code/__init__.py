@@ -1,6 +1,7 @@
-"""Code rewards: model-written programs run in a bubblewrap sandbox pool against tests judged in the trusted
-process (docs/code.md). Modules: worker (inside the sandbox), sandbox (the pool), harness (tests and
-verdicts), extract (code from completions), task (data formats, the pool, CodeTask), check (node check).
+"""Code rewards: model-written programs run in a sandbox pool (rl_training/sandbox/) against tests judged in the
+trusted process (docs/code.md). Modules: harness (tests and verdicts), extract (code from completions), task (data
+formats, CodeTask, which owns its pool), synthetic (the demo's task). The node check is `python -m
+rl_training.runners.sandbox_check`.
 
 This file holds only the names other packages need without importing the sandbox."""
 

@@ -29,8 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from rl_training.tasks.code import FAILURE_CLASSES, worker  # classes most severe first: a program gets its worst
-from rl_training.tasks.code.sandbox import Job, JobTimeout, Pool
+from rl_training.sandbox import worker
+from rl_training.sandbox.pool import Job, JobTimeout, Pool
+from rl_training.tasks.code import FAILURE_CLASSES  # classes most severe first: a program gets its worst
 
 
 @dataclass(frozen=True)

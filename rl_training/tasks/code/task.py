@@ -1,4 +1,4 @@
-"""The code family: records of each format -> Example.meta, the per-process sandbox pool, and CodeTask.
+"""The code family: records of each format -> Example.meta, and CodeTask, which owns its sandbox pool.
 
 Record fields, per task (task.name; the data section's question_key/answer_key do not apply):
 - humaneval: prompt, test (defines `check(candidate)`), entry_point; optional canonical_solution (SFT
@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import DataError, Example
+from rl_training.sandbox.pool import Pool, PoolSettings
 from rl_training.tasks.base import Scores, Task, TaskContext
 from rl_training.tasks.code import CODE_FORMATS, COUNT_NAMES, FAILURE_CLASSES, PART_NAMES
 from rl_training.tasks.code.extract import has_code, program_for
 from rl_training.tasks.code.harness import Program, judge_batch
-from rl_training.tasks.code.sandbox import Limits, Pool, PoolSettings
 
 log = logging.getLogger(__name__)
 
@@ -126,51 +125,8 @@ def program_of(completion: str, ex: Example) -> Program:
     )
 
 
-# --------------------------------------------------------------------------------- the per-process pool
-_lock = threading.Lock()
-_pool: Pool | None = None
-_settings = PoolSettings()
-
-
-def configure(
-    workers: int = 0,
-    mode: str = "strict",
-    memory_mb: int = 1024,
-    output_kb: int = 1024,
-    ranks_per_node: int = 1,
-    fresh: bool = False,
-) -> None:
-    """Pool settings for this process (CodeTask.start, PythonToolEnvironment.start, from cfg.sandbox and the ranks
-    on this node); a running pool with other settings is replaced. fresh: a new sandbox per job (PoolSettings)."""
-    global _settings, _pool
-    limits = Limits(mem_bytes=memory_mb << 20, msg_bytes=output_kb << 10)
-    with _lock:
-        new = PoolSettings(workers=workers, mode=mode, limits=limits, ranks_per_node=ranks_per_node, fresh=fresh)
-        if _pool is not None and new != _settings:
-            _pool.close()
-            _pool = None
-        _settings = new
-
-
-def get_pool() -> Pool:
-    global _pool
-    with _lock:
-        if _pool is None:
-            _pool = Pool(_settings)
-        return _pool
-
-
-def close_pool() -> None:
-    global _pool
-    with _lock:
-        if _pool is not None:
-            _pool.close()
-            _pool = None
-
-
-def score_code_batch(completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
-    """Every program judged in the sandbox pool, in parallel."""
-    pool = get_pool()
+def score_code_batch(pool: Pool, completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
+    """Every program judged in `pool`, in parallel."""
     formatted = [has_code(c) for c in completions]
     programs = [program_of(c, ex) for c, ex in zip(completions, examples, strict=True)]
     verdicts = judge_batch(pool, programs, timeout_s)
@@ -198,10 +154,10 @@ def score_code_batch(completions: Sequence[str], examples: Sequence[Example], ti
 
 
 class CodeTask(Task):
-    """humaneval / mbpp / stdio: programs judged in this process's sandbox pool, a batch per call. The pool
-    starts in `start` with the run's sandbox.* (the defaults without a config), so a node that cannot run it
-    fails at setup (SandboxUnavailable says why). A user task that grades programs subclasses it (its own
-    `parse`, the same pool and verdicts; docs/extending.md)."""
+    """humaneval / mbpp / stdio: programs judged in this task's sandbox pool, a batch per call. The pool is the
+    task's own: it starts in `start` with the run's sandbox.* (the defaults without a config), so a node that
+    cannot run it fails at setup (SandboxUnavailable says why), and `close` ends it. A user task that grades
+    programs subclasses it (its own `parse`, the same pool and verdicts; docs/extending.md)."""
 
     part_names = PART_NAMES
     count_names = COUNT_NAMES
@@ -210,6 +166,7 @@ class CodeTask(Task):
         if fmt not in CODE_FORMATS:
             raise ValueError(f"CodeTask format must be one of {', '.join(CODE_FORMATS)}, got {fmt!r}")
         self.fmt = fmt
+        self.pool: Pool | None = None
 
     def parse(self, record: dict, where: str) -> Example:
         return code_example(self.fmt, record, where)
@@ -217,16 +174,20 @@ class CodeTask(Task):
     def start(self, ctx: TaskContext | None = None) -> None:
         ctx = ctx or TaskContext()
         s = getattr(ctx.cfg, "sandbox", None) or SandboxCfg()
-        configure(s.workers, s.mode, s.memory_mb, s.output_kb, ranks_per_node=ctx.local_world_size)
-        protections = get_pool().protections.summary()
+        self.close()  # a second start replaces the pool
+        self.pool = Pool(PoolSettings.from_cfg(s, ranks_per_node=ctx.local_world_size))
         if ctx.rank == 0:  # once per run, in its log: what confines the programs of this node
-            print(f"code sandbox protections: {protections}", flush=True)
+            print(f"code sandbox protections: {self.pool.protections.summary()}", flush=True)
 
     def close(self) -> None:
-        close_pool()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def has_answer(self, completion: str) -> bool:
         return has_code(completion)
 
     def grade(self, completions: Sequence[str], examples: Sequence[Example], timeout_s: float) -> Scores:
-        return score_code_batch(completions, examples, timeout_s)
+        if self.pool is None:
+            raise RuntimeError("CodeTask.grade before start(): no sandbox pool")
+        return score_code_batch(self.pool, completions, examples, timeout_s)

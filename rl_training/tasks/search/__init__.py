@@ -1,5 +1,4 @@
-"""The search task family (Search-R1): retrievers, the retrieval server, answer grading, the synthetic task.
-
-docs/search.md is the manual. Layers, bottom up: retriever.py (interface, corpus, observation text) <- bm25.py,
-client.py, dense.py <- server.py, build.py; reward.py and synthetic.py beside them.
+"""The search task family (Search-R1): the SearchTask environment (task.py), answer grading (reward.py), the
+synthetic task (synthetic.py). May import: base, config, data, retrieval (the retrievers and their server, which
+this family owns an instance of, built in SearchTask.start) and tasks.base. docs/search.md is the manual.
 """

@@ -36,8 +36,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_training.tasks.search.bm25 import BM25Retriever
-from rl_training.tasks.search.retriever import Passage, information_block
+from rl_training.retrieval.bm25 import BM25Retriever
+from rl_training.retrieval.retriever import Passage, information_block
 
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 TEMPLATE = "{question}\n"  # the prompt of the gold episodes; use the same as data.prompt_template

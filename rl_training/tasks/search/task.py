@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Literal
 
 from rl_training.data.sources import DataError, Example
+from rl_training.retrieval.retriever import RetrievalStats, Retriever, information_block
 from rl_training.tasks.base import Environment, Scores, Step, TaskContext, Turn
-from rl_training.tasks.search.retriever import RetrievalStats, Retriever, information_block
 from rl_training.tasks.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
 
 # Search-R1's text after a turn that neither searched nor answered (generation.py, execute_predictions).
@@ -108,7 +108,7 @@ class SearchTask(Environment):
         self.retriever: Retriever | None = None
 
     def start(self, ctx: TaskContext | None = None) -> None:
-        from rl_training.tasks.search.build import make_retriever
+        from rl_training.retrieval.build import make_retriever
 
         if self.retriever is None:
             self.retriever = make_retriever(self.search_cfg)

@@ -9,10 +9,10 @@ import pytest
 from rl_training.config.schema import SearchCfg
 from rl_training.data.sources import Example
 from rl_training.policy.tiny_model import build_tokenizer
+from rl_training.retrieval.retriever import Passage, RetrievalResult, information_block
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, turn_end
 from rl_training.rollout.episodes import run_episodes as engine
-from rl_training.tasks.search.retriever import Passage, RetrievalResult, information_block
 from rl_training.tasks.search.task import INVALID_ACTION, SearchTask, parse_action
 
 TOK = build_tokenizer()  # byte-level: one token per ASCII character
@@ -200,8 +200,8 @@ def test_episode_metrics_values():
     """Two episodes: (2 turns, 1 search, answered, 30 observation tokens) and (3 turns, 1 invalid, truncated by
     turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8; per-turn canary turn 1: 0.2 / 4 tokens."""
     from rl_training.metrics.episode import episode_metrics
+    from rl_training.retrieval.retriever import RetrievalStats
     from rl_training.rollout.base import Rollouts
-    from rl_training.tasks.search.retriever import RetrievalStats
 
     e1 = {"turns": 2, "searches": 1, "invalid": 0, "answered": True, "obs_tokens": 30, "obs_capped": 0}
     e2 = {"turns": 3, "searches": 0, "invalid": 1, "answered": False, "obs_tokens": 10, "obs_capped": 1}

@@ -18,7 +18,6 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.build import make_task
-from rl_training.tasks.code.task import close_pool
 from rl_training.tasks.python_tool import NO_OUTPUT, PERSIST_NOTE, PythonToolEnvironment
 from rl_training.tasks.tools import encode_plain
 from tests.helpers import require_debian_packages
@@ -34,15 +33,21 @@ def tok():
 
 @pytest.fixture(scope="module")
 def ctx(tok):
-    """A run context whose sandbox has 2 workers; every environment of the module shares the process's pool."""
+    """A run context whose sandbox has 2 workers; each environment of the module starts a pool of its own, closed
+    with the module."""
     require_debian_packages({"bwrap": "bubblewrap"})
     yield TaskContext(tokenizer=tok, cfg=SimpleNamespace(sandbox=SandboxCfg(workers=2)))
-    close_pool()
+    while STARTED:
+        STARTED.pop().close()
+
+
+STARTED: list[PythonToolEnvironment] = []
 
 
 def env_for(ctx, **kw) -> PythonToolEnvironment:
     env = PythonToolEnvironment(**kw)
     env.start(ctx)
+    STARTED.append(env)
     return env
 
 

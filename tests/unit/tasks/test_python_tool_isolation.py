@@ -3,7 +3,7 @@ one call leaves in the sandbox lets a completion hand its answer to another, a r
 reinforce. Two episodes of one group: the first's cell writes a secret through every channel we could think of,
 a later episode's cell (run after it, and one run beside it) reads every channel and reports what it found.
 
-Each call runs in a sandbox started for it (tasks/code/sandbox.py, PoolSettings.fresh). Before, a worker served
+Each call runs in a sandbox started for it (sandbox/pool.py, PoolSettings.fresh). Before, a worker served
 call after call and only emptied /tmp and /dev/shm in between, and the reader found: the secret in a chmod-000
 directory and in a read-only one; the mode, access time and user.* extended attribute of /tmp and /dev/shm, their
 inode counter and free space; the template's nice value, scheduling class, I/O priority and rlimits (set on the
@@ -25,7 +25,6 @@ from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import Example
 from rl_training.policy.tiny_model import build_tokenizer
 from rl_training.tasks.base import TaskContext, Turn
-from rl_training.tasks.code.task import close_pool
 from rl_training.tasks.python_tool import PythonToolEnvironment
 from rl_training.tasks.tools import encode_plain
 from tests.helpers import require_debian_packages
@@ -323,7 +322,6 @@ def py(code: str) -> str:
 def env():
     require_debian_packages({"bwrap": "bubblewrap"})
     tok = build_tokenizer(chat=True)
-    close_pool()  # a pool another module left running would not be this module's
     ctx = TaskContext(tokenizer=tok, cfg=SimpleNamespace(sandbox=SandboxCfg(workers=2)))
     e = PythonToolEnvironment(output_chars=1 << 17, max_obs_tokens=1 << 18, tool_timeout_s=10.0)
     e.start(ctx)

@@ -15,10 +15,10 @@ import pytest
 from rl_training.config.load import load_config
 from rl_training.config.schema import SearchCfg
 from rl_training.data.sources import DataError, Example, load_examples
+from rl_training.retrieval.bm25 import BM25Retriever
+from rl_training.retrieval.retriever import information_block, load_corpus
 from rl_training.tasks.base import score_completions
 from rl_training.tasks.build import build_task, make_task
-from rl_training.tasks.search.bm25 import BM25Retriever
-from rl_training.tasks.search.retriever import information_block, load_corpus
 from rl_training.tasks.search.reward import exact_match, last_answer, normalize_answer, search_reward, substring_match
 from rl_training.tasks.search.synthetic import write_search_data
 from rl_training.tasks.search.task import SearchTask

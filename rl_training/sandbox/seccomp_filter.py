@@ -47,7 +47,7 @@ timerfd_create timerfd_gettime timerfd_settime times tkill truncate umask uname 
 wait4 waitid write writev
 """.split()
 MEMFD = ("memfd_create",)  # allowed only where a memory cgroup counts what a memfd holds
-# Denied on purpose (not on the allowlist), each tried by a hostile program in tests/unit/tasks/: what the
+# Denied on purpose (not on the allowlist), each tried by a hostile program in tests/unit/sandbox/: what the
 # pool reports and docs/code.md explains. clone with CLONE_NEW* flags and personality outside Docker's values
 # are refused by argument (rules below).
 DENIED = """

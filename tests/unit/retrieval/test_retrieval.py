@@ -1,6 +1,6 @@
-"""Retrievers of the search task family: BM25 values against bm25s, the observation text character for
+"""The retrieval stack (rl_training/retrieval/): BM25 values against bm25s, the observation text character for
 character, and the HTTP client against the real server over loopback (both request shapes, a dead server, a
-slow one, a failing one), plus `python -m rl_training.tasks.search.server` as a process."""
+slow one, a failing one), plus `python -m rl_training.retrieval.server` as a process."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from rl_training.data.sources import DataError
-from rl_training.tasks.search.bm25 import BM25Retriever, _tokenize
-from rl_training.tasks.search.client import HttpRetriever, no_proxy_hosts
-from rl_training.tasks.search.retriever import (
+from rl_training.retrieval.bm25 import BM25Retriever, _tokenize
+from rl_training.retrieval.client import HttpRetriever, no_proxy_hosts
+from rl_training.retrieval.retriever import (
     CorpusError,
     NullRetriever,
     Passage,
@@ -30,7 +30,7 @@ from rl_training.tasks.search.retriever import (
     information_block,
     load_corpus,
 )
-from rl_training.tasks.search.server import listen, make_app
+from rl_training.retrieval.server import listen, make_app
 from tests.helpers import REPO
 
 DOCS = [
@@ -299,7 +299,7 @@ def test_bad_urls_are_refused():
 def test_server_module_runs_as_a_process(corpus, tmp_path):
     port_file = tmp_path / "port"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "rl_training.tasks.search.server", "--corpus", str(corpus), "--port", "0"]
+    cmd = [sys.executable, "-m", "rl_training.retrieval.server", "--corpus", str(corpus), "--port", "0"]
     proc = subprocess.Popen([*cmd, "--port-file", str(port_file)], env=env, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -316,7 +316,7 @@ def test_server_module_runs_as_a_process(corpus, tmp_path):
 
 
 def test_dense_retriever_without_faiss_says_what_to_install(corpus, monkeypatch):
-    from rl_training.tasks.search.dense import DenseRetriever
+    from rl_training.retrieval.dense import DenseRetriever
 
     monkeypatch.setitem(sys.modules, "faiss", None)  # what a machine without faiss has: import fails
     with pytest.raises(RuntimeError, match="needs faiss, which is not installed here: install faiss-cpu"):
@@ -327,7 +327,7 @@ def test_dense_retriever_over_a_faiss_index_through_the_server(corpus, tiny_mode
     """The dense path for real: faiss (CPU) over embeddings of the corpus by an encoder (the tiny model stands
     in for e5: no prefix, mean pooling, L2 normalised); a passage's own text retrieves it first."""
     faiss = pytest.importorskip("faiss")
-    from rl_training.tasks.search.dense import DenseRetriever, Encoder, query_prefix
+    from rl_training.retrieval.dense import DenseRetriever, Encoder, query_prefix
 
     assert query_prefix("intfloat/e5-base-v2") == "query: " and query_prefix(str(tiny_model)) == ""
     passages = load_corpus(corpus)
@@ -356,7 +356,7 @@ def test_dense_retriever_over_a_faiss_index_through_the_server(corpus, tiny_mode
 
 def test_make_retriever_from_config(corpus):
     from rl_training.config.load import load_config
-    from rl_training.tasks.search.build import make_retriever
+    from rl_training.retrieval.build import make_retriever
 
     cfg = load_config(None, [f"search.corpus={corpus}"])
     assert isinstance(make_retriever(cfg.search), BM25Retriever)
@@ -389,7 +389,7 @@ def test_dense_retriever_stays_off_the_trainers_gpus(corpus, monkeypatch):
     named (--faiss-gpus), never to every visible one (GPU 0 is where rank 0 trains)."""
     import types
 
-    from rl_training.tasks.search import dense, server
+    from rl_training.retrieval import dense, server
 
     calls = []
     fake = types.SimpleNamespace(

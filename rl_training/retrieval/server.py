@@ -1,12 +1,12 @@
 """Retrieval server: Search-R1's /retrieve schema over a BM25 or a FAISS index, plus /health.
 
     # BM25 over a corpus (CPU; any machine):
-    python -m rl_training.tasks.search.server --corpus data/search/corpus.jsonl --port 8000
-    # FAISS e5 over wiki-18 on a GPU node, as Search-R1 serves it (needs faiss, see rl_training/tasks/search/dense.py):
-    python -m rl_training.tasks.search.server --retriever dense --corpus wiki-18.jsonl --index e5_Flat.index \\
+    python -m rl_training.retrieval.server --corpus data/search/corpus.jsonl --port 8000
+    # FAISS e5 over wiki-18 on a GPU node, as Search-R1 serves it (needs faiss, see rl_training/retrieval/dense.py):
+    python -m rl_training.retrieval.server --retriever dense --corpus wiki-18.jsonl --index e5_Flat.index \\
         --encoder intfloat/e5-base-v2 --device cuda:7 --faiss-gpus 7 --port 8000
     # an ephemeral port, written to a file once the index is built and the socket listens (tests, SLURM):
-    python -m rl_training.tasks.search.server --corpus ... --port 0 --port-file /tmp/retriever.port
+    python -m rl_training.retrieval.server --corpus ... --port 0 --port-file /tmp/retriever.port
 
 POST /retrieve accepts Search-R1's batched request {"queries": [...], "topk": k, "return_scores": b} and
 SkyRL's single-query request {"query": "...", ...} (exactly one of the two); the answer is
@@ -22,7 +22,7 @@ import socket
 import sys
 from pathlib import Path
 
-from rl_training.tasks.search.retriever import Retriever
+from rl_training.retrieval.retriever import Retriever
 
 MAX_TOPK = 100
 
@@ -65,11 +65,11 @@ def make_app(retriever: Retriever, *, default_topk: int = 3, name: str = "bm25",
 
 def build_retriever(a: argparse.Namespace) -> tuple[Retriever, int]:
     if a.retriever == "bm25":
-        from rl_training.tasks.search.bm25 import BM25Retriever
+        from rl_training.retrieval.bm25 import BM25Retriever
 
         r = BM25Retriever.from_corpus(a.corpus, a.bm25_index)
         return r, len(r)
-    from rl_training.tasks.search.dense import DenseRetriever
+    from rl_training.retrieval.dense import DenseRetriever
 
     if not a.index or not a.encoder:
         raise SystemExit("server: --retriever dense needs --index (a FAISS index file) and --encoder (a model)")

@@ -14,7 +14,8 @@ libseccomp are unavailable the pool refuses to start (`SandboxUnavailable` says 
 mode='weak' is asked for: no namespaces and no filter, only the unprivileged uid and the rlimits; it warns on every
 batch and the programs it ran are counted (`Pool.weak_runs`). `Pool.protections` reports what is in force.
 
-The pool only runs programs and moves plain messages; harness.py holds the tests and decides verdicts.
+The pool only runs programs and moves plain messages; its user decides verdicts (the code task's
+rl_training/tasks/code/harness.py, the python tool's rl_training/tasks/python_tool.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from rl_training.tasks.code import seccomp_filter, worker
+from rl_training.sandbox import seccomp_filter, worker
 
 NOBODY = 65534
 # A job mostly waits on round trips between two processes, so more workers than cores keeps the cores busy;
@@ -90,6 +91,13 @@ class PoolSettings:
     seccomp_errno: int = errno.EPERM  # what the filter answers a refused call (tests mark the filter's refusals)
     fresh: bool = False  # True: every worker runs one job and is closed, a new sandbox per job (the python tool)
 
+    @classmethod
+    def from_cfg(cls, cfg, ranks_per_node: int = 1, fresh: bool = False) -> PoolSettings:
+        """A run's sandbox.* (config's SandboxCfg: workers, mode, memory_mb, output_kb; read by name, so this leaf
+        imports no config) as the settings of one rank's pool."""
+        limits = Limits(mem_bytes=cfg.memory_mb << 20, msg_bytes=cfg.output_kb << 10)
+        return cls(workers=cfg.workers, mode=cfg.mode, limits=limits, ranks_per_node=ranks_per_node, fresh=fresh)
+
 
 @dataclass(frozen=True)
 class Protections:
@@ -101,7 +109,7 @@ class Protections:
     seccomp: bool  # the system-call filter (seccomp_filter.py)
     seccomp_allowed: int  # system calls the filter lets through (by name, or by argument)
     seccomp_refusal: str  # what every other one returns (an errno name: EPERM)
-    seccomp_denied: tuple[str, ...]  # the denials tests/unit/tasks/ try, those that exist on this architecture
+    seccomp_denied: tuple[str, ...]  # the denials tests/unit/sandbox/ try, those that exist on this architecture
     memory: str  # "cgroup" | "memfd-denied+shm-in-tmpfs" | "rlimits-only"
     memory_note: str  # the cgroup's bound, or why there is none
     tmp_bytes: int  # /tmp's tmpfs
@@ -428,7 +436,7 @@ def _explain(err: str, strict: bool) -> str:
         f"bubblewrap cannot create the sandbox here ({err or 'no error output'}). It needs unprivileged user "
         "namespaces: check `sysctl user.max_user_namespaces` (> 0), `kernel.unprivileged_userns_clone=1` "
         "(Debian), `kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04+), or a container started "
-        "with a seccomp profile that allows clone(CLONE_NEWUSER). Run `python -m rl_training.tasks.code.check` to "
+        "with a seccomp profile that allows clone(CLONE_NEWUSER). Run `python -m rl_training.runners.sandbox_check` to "
         "test a node. To run anyway without namespaces, set sandbox.mode=weak (warned and counted every step)."
     )
 

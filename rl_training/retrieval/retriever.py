@@ -1,4 +1,4 @@
-"""The retriever interface of the search task family, the corpus reader, and the observation text.
+"""The retriever interface (the search task family's, tasks/search/), the corpus reader, and the observation text.
 
 A retriever answers a batch of queries with the top-k passages of each: `retrieve(queries, topk)`. It never
 raises for what the retrieval does (a dead or slow server, a bad response): it returns a `RetrievalResult`

@@ -4,7 +4,7 @@ This file runs inside the bubblewrap sandbox as `python -I -S -c <this source> <
 (standard library only, no site-packages; lean: no common modules imported ahead, for a sandbox that serves one
 program) and is also imported by the trusted side for `encode`/`decode` and the framing, so both ends share one
 protocol. Nothing here decides a verdict: the candidate can only send back plain values, which the trusted side
-(harness.py) decodes into builtin types and judges.
+(tasks/code/harness.py) decodes into builtin types and judges.
 
 Protocol
 - control (SOCK_SEQPACKET, trusted <-> template): {"op": "run", "limits": {...}} with one fd (the job

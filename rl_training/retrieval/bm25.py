@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rl_training.tasks.search.retriever import Passage, RetrievalResult, load_corpus
+from rl_training.retrieval.retriever import Passage, RetrievalResult, load_corpus
 
 STOPWORDS = "en"
 SELECT_ROUNDS_MAX_K = 8  # top-k by k rounds of max up to this k, by a partition above

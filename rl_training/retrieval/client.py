@@ -1,4 +1,4 @@
-"""HTTP client of a retrieval server that speaks Search-R1's /retrieve schema (ours: rl_training.tasks.search.server).
+"""HTTP client of a retrieval server that speaks Search-R1's /retrieve schema (ours: rl_training.retrieval.server).
 
 Request shapes (POST, JSON):
 - batched (Search-R1, search_r1/search/retrieval_server.py): {"queries": [str, ...], "topk": k,
@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 from urllib.parse import urlsplit
 
-from rl_training.tasks.search.retriever import Passage, RetrievalResult
+from rl_training.retrieval.retriever import Passage, RetrievalResult
 
 RETRY_STATUS = range(500, 600)
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.tasks.code import harness, seccomp_filter, worker
+from rl_training.sandbox import seccomp_filter, worker
+from rl_training.sandbox.pool import Limits, Pool, PoolSettings
+from rl_training.tasks.code import harness
 from rl_training.tasks.code.harness import Program, judge, judge_batch
-from rl_training.tasks.code.sandbox import Limits, Pool, PoolSettings
 from tests.helpers import sandbox_processes
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
@@ -177,7 +178,7 @@ def test_no_process_of_the_sandbox_is_dumpable_or_unfiltered(pool, monkeypatch):
     outlives the reap nor read another's memory. The control: bwrap's own pid 1 (without --as-pid-1) is dumpable,
     and a program of the same uid opens its memory for writing (and so could run code there that outlives the
     reap and reaches the worker's next program)."""
-    from rl_training.tasks.code import sandbox
+    from rl_training.sandbox import pool as sandbox
 
     got, ran = _call(pool, PID1_PROBE, "probe")
     refused = {"mem_write": "EACCES", "environ": "EACCES", "maps": "EACCES"}
@@ -423,7 +424,7 @@ def x32():
 def test_foreign_system_call_abis_kill_the_program(pool):
     """libseccomp with only the native architecture added: an i386 (int 0x80) or x32 call is the bad-architecture
     action, a kill (SIGSYS). Without the filter this kernel answers the i386 getpid and has no x32 (ENOSYS)."""
-    from rl_training.tasks.code.sandbox import PoolSettings
+    from rl_training.sandbox.pool import PoolSettings
 
     for fn in ("i386", "x32"):
         value, ran = _call(pool, FOREIGN_ABI, fn)

@@ -1,4 +1,4 @@
-"""Can this node run the code sandbox? `python -m rl_training.tasks.code.check [--workers N] [--mode weak]`
+"""Can this node run the code sandbox? `python -m rl_training.runners.sandbox_check [--workers N] [--mode weak]`
 
 Starts a pool as training would, runs a probe program inside it and checks, from the trusted side, what it
 saw: its uid and capabilities, no network, its own pid namespace, a read-only root without the host's
@@ -15,9 +15,9 @@ import math
 import os
 import sys
 
+from rl_training.sandbox.pool import Pool, PoolSettings, SandboxUnavailable
 from rl_training.tasks.code import harness
 from rl_training.tasks.code.harness import Program, judge
-from rl_training.tasks.code.sandbox import Pool, PoolSettings, SandboxUnavailable
 
 PROBE_TIMEOUT_S = 30.0
 # Runs inside the sandbox; returns plain values for the trusted side to judge.

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from rl_training.tasks.search.retriever import Passage, RetrievalResult, load_corpus
+from rl_training.retrieval.retriever import Passage, RetrievalResult, load_corpus
 
 
 def _require_faiss():
