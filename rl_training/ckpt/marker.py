@@ -88,7 +88,7 @@ def write_atomically(final: Path, write: Callable[[Path], None]) -> str | None:
     one-line error after the temp directory is removed."""
     tmp = final.parent / f".tmp_{final.name}_{os.getpid()}"
     try:
-        for stale in final.parent.glob(".tmp_*"):  # a killed save's; nobody else writes here (run_lock.py)
+        for stale in final.parent.glob(".tmp_*"):  # a killed save's; nobody else writes here (runtime/lock.py)
             shutil.rmtree(stale)
         tmp.mkdir(parents=True)
         write(tmp)

@@ -1,5 +1,8 @@
-"""Tasks: what the trainer, SFT, the evals and synthesize learn and grade. One folder or module per family
-(math, reverse, search, code); a user's task is one file anywhere, named in the config (docs/extending.md):
+"""Tasks: what the trainer, SFT, the evals and synthesize learn and grade: the Task / Environment interface, its
+builder and the families (math, reverse, search/, code/, tools, python_tool). May import: base, config, data, sandbox,
+retrieval. Owns: the interface; a task owns its resources (a sandbox pool, a retriever), started in `start`.
+
+A user's task is one file anywhere, named in the config (docs/extending.md):
 
     from rl_training.tasks import Example, Task
 

@@ -74,3 +74,29 @@ def test_bench_trl_reports_the_median_and_spread_over_runs():
     assert out["ours-hf"]["peak_rss_gb"] == 0.8  # the largest of the runs
     text = bench_trl.table({"short": out}, 3)
     assert "0.600 [0.500-0.800]" in text and "1.50 [1.50-2.00]" in text and "Median over 3 runs" in text
+
+
+def test_profile_step_rows_name_functions_that_exist():
+    """scripts/profile_step.py matches profile rows by file and function name; a row whose file or function moved
+    reads 0 s and is silently left out (issue 39: rows of trainer.py and rewards.py did). Each of our rows must name a
+    file (or folder) of the tree that still defines its function."""
+    import ast
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import profile_step
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    ours = [(label, where, func) for label, where, func in profile_step.PIECES if where.startswith("rl_training/")]
+    assert len(ours) >= 15  # the step's own pieces, not only the libraries'
+
+    def defines(path, func) -> bool:
+        tree = ast.parse(path.read_text())
+        return any(isinstance(n, ast.FunctionDef) and n.name == func for n in ast.walk(tree))
+
+    missing = []
+    for label, where, func in ours:
+        files = sorted((REPO / where).glob("*.py")) if where.endswith("/") else [REPO / where]
+        if not any(f.exists() and defines(f, func) for f in files):
+            missing.append(f"{label.strip()}: no `def {func}` in {where}")
+    assert not missing, missing

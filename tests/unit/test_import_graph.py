@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from rl_training import LAYERS
 from tests.helpers import REPO
 
 ROOT = REPO
@@ -20,28 +22,9 @@ PACKAGES = ("rl_training", "evals")
 # source, so this list cannot go stale. (Empty since the package layout: keep it so.)
 DEFERRED_BACK_EDGES: set[tuple[str, str]] = set()
 
-# The packages of rl_training, lowest first: a package imports only packages before it in this list (and
-# itself); `rl_training`'s own top-level modules (command shims) sit at the top with the runners, and `evals`
-# above everything. One line per package: its job.
-LAYERS = (
-    "base",  # dist, errors, exit codes, fault points, the phase timer: imports nothing of ours
-    "algs",  # advantages, objectives, losses: pure math
-    "config",  # the schema, loading, resolution (objective clips from algs), the generated reference
-    "runtime",  # a command's process: cli, run lock, lifeline, stop signals, platform check, seeding
-    "data",  # records from files and datasets, Example, prompts and the sampler, gold episodes
-    "policy",  # model + LoRA build, merged weights, the tiny model
-    "ckpt",  # checkpoint store, completion marker, resume choice, background upload
-    "sandbox",  # the code-execution sandbox pool: a leaf, owned by the task that runs programs
-    "retrieval",  # retrievers (BM25, dense, HTTP client) and the retrieval server
-    "cluster",  # SLURM launch and per-node servers: starts processes, imports no task
-    "tasks",  # the Task / Environment interface, its builder, and the families: math, reverse, search, code
-    "probes",  # gradient noise scale and effective sample size
-    "rollout",  # backends (vLLM, HF, servers), the generic episode engine, async queue
-    "train",  # micro-batches, packing, the update, step guard, optimizer
-    "metrics",  # step and episode metrics, logger, samples, W&B, progress
-    "evaluation",  # the eval library: one policy on held-out problems, pass@k / maj@k
-    "runners",  # the commands: RL, SFT, synthesize, monitor
-)
+# The package order is rl_training.LAYERS (rl_training/__init__.py): a package imports only packages before it in
+# that list (and itself); `rl_training`'s own top-level modules (command shims) sit at the top with the runners, and
+# `evals` above everything.
 
 
 def module_files() -> dict[str, Path]:
@@ -209,13 +192,69 @@ def test_packages_depend_downward_only():
         for t in deps
         if package_of(m) != package_of(t) and rank[package_of(t)] > rank[package_of(m)]
     )
-    assert not up, "imports against the package order (tests/unit/test_import_graph.py LAYERS): " + ", ".join(
+    assert not up, "imports against the package order (LAYERS in rl_training/__init__.py): " + ", ".join(
         f"{m} -> {t}" for m, t in up
     )
     pkg_edges: dict[str, set[str]] = {}
     for m, deps in graph.items():
         pkg_edges.setdefault(package_of(m), set()).update(package_of(t) for t in deps if package_of(t) != package_of(m))
     assert find_cycle(pkg_edges) is None
+
+
+def declared_imports(package: str) -> set[str]:
+    """The packages a package's __init__.py docstring says it may import: its 'May import: a, b, c.' sentence
+    ('nothing of ...' is none; 'every package' is all before it in LAYERS)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "rl_training" / package / "__init__.py").read_text())) or ""
+    m = re.search(r"May import:\s*([^.]*)\.", doc)
+    assert m, f"rl_training/{package}/__init__.py: no 'May import: ...' sentence in its docstring"
+    said = m.group(1)
+    if said.startswith("nothing"):
+        return set()
+    if said.startswith("every package"):
+        return set(LAYERS[: LAYERS.index(package)])
+    return set(re.findall(r"\w+", said)) - {"and"}
+
+
+def test_every_package_says_what_it_is_and_what_it_may_import():
+    """Each package's __init__.py opens with its job, what it may import and what it owns (issue 39, item 7). The
+    'May import' list is held to the code: every package the package really imports is in it, and it names only
+    packages before it in LAYERS. Subpackages (tasks/code/, tasks/search/) and rl_training itself have a docstring."""
+    graph = import_graph()
+    wrong = []
+    for i, package in enumerate(LAYERS):
+        doc = ast.get_docstring(ast.parse((ROOT / "rl_training" / package / "__init__.py").read_text())) or ""
+        if "Owns" not in doc:
+            wrong.append(f"{package}: no 'Owns' in its docstring")
+        declared = declared_imports(package)
+        if not declared <= set(LAYERS[:i]):
+            wrong.append(f"{package}: says it may import {sorted(declared - set(LAYERS[:i]))}, not before it in LAYERS")
+        used = {package_of(t) for m, deps in graph.items() if package_of(m) == package for t in deps} - {package}
+        if not used <= declared:
+            wrong.append(f"{package}: imports {sorted(used - declared)}, not in its 'May import' sentence")
+    assert not wrong, wrong
+    inits = sorted((ROOT / "rl_training").rglob("__init__.py"))
+    undocumented = [str(f.relative_to(ROOT)) for f in inits if not ast.get_docstring(ast.parse(f.read_text()))]
+    assert len(inits) > len(LAYERS) and not undocumented, undocumented
+
+
+def readme_package_table(text: str) -> list[str]:
+    """The package names of the README's layout block: the `  name/` lines under its `rl_training/` line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"rl_training/\s", line))
+    names = []
+    for line in lines[start + 1 :]:
+        m = re.match(r"  (\w+)/\s", line)
+        if not m:
+            break
+        names.append(m.group(1))
+    return names
+
+
+def test_the_readmes_package_table_is_layers():
+    """The README's table of packages names the packages of LAYERS in its order: the one declaration, copied for the
+    reader, is checked here."""
+    assert readme_package_table("rl_training/  x\n  a/  one\n  b/  two\nevals/\n") == ["a", "b"]
+    assert readme_package_table((ROOT / "README.md").read_text()) == list(LAYERS)
 
 
 def test_a_task_family_is_imported_only_by_itself_and_the_registry():
@@ -238,6 +277,37 @@ def test_a_task_family_is_imported_only_by_itself_and_the_registry():
         if family(t) and family(t) != family(m)
     )
     assert not reach, f"modules of tasks/ that reach into another family's folder: {reach}"
+
+
+# Modules of rl_training, outside runners/ and the top-level shims, that run as a program: each is a process another
+# process or a build step starts, not a command of the library's users, and says so here.
+PROCESS_ENTRIES = {
+    "rl_training.ckpt.upload": "the background upload helper the checkpoint store starts",
+    "rl_training.cluster.launch": "srun's per-node launcher (scripts/slurm/rl_train.sbatch)",
+    "rl_training.cluster.servers": "a SLURM job's per-node vLLM servers (scripts/slurm/vllm_server.sh)",
+    "rl_training.config.reference": "`make config-ref`: writes the generated docs/config.md",
+    "rl_training.retrieval.server": "the retrieval service (cluster.launch starts one per node)",
+    "rl_training.sandbox.worker": "the process inside each sandbox (run as source by the pool)",
+}
+
+
+def test_every_command_lives_in_runners():
+    """A module that runs as a program (`if __name__ == "__main__"`) is a command in runners/, a top-level shim that
+    forwards an old command line to one, or a process entry of PROCESS_ENTRIES. evals/run.py, the eval command,
+    sits above the library in evals/."""
+    modules = module_files()
+    mains = set()
+    for module, path in modules.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+                mains.add(module)
+    shims = {m for m in mains if m.count(".") == 1 and m.startswith("rl_training.")}
+    for shim in shims:
+        tree = ast.parse(modules[shim].read_text())
+        forwarded = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert forwarded == [f"rl_training.runners.{shim.split('.')[1]}"], f"{shim} is not a shim of a runner"
+    library = {m for m in mains - shims if m.startswith("rl_training.") and not m.startswith("rl_training.runners.")}
+    assert library == set(PROCESS_ENTRIES), f"commands outside runners/: {sorted(library ^ set(PROCESS_ENTRIES))}"
 
 
 def test_the_top_level_of_rl_training_holds_packages():

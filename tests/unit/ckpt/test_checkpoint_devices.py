@@ -35,7 +35,7 @@ def save_as_cuda(monkeypatch, obj, path: Path) -> None:
 def test_gpu_tagged_file_needs_map_location(tmp_path, monkeypatch):
     save_as_cuda(monkeypatch, {"exp_avg": torch.ones(3)}, tmp_path / "x.pt")
     with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):
-        torch.load(tmp_path / "x.pt", weights_only=False)  # what checkpoint.py did before
+        torch.load(tmp_path / "x.pt", weights_only=False)  # what ckpt/store.py did before
     assert ck.load_cpu(tmp_path / "x.pt")["exp_avg"].tolist() == [1.0, 1.0, 1.0]
 
 
