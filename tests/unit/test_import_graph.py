@@ -237,26 +237,6 @@ def test_every_package_says_what_it_is_and_what_it_may_import():
     assert len(inits) > len(LAYERS) and not undocumented, undocumented
 
 
-def readme_package_table(text: str) -> list[str]:
-    """The package names of the README's layout block: the `  name/` lines under its `rl_training/` line."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(r"rl_training/\s", line))
-    names = []
-    for line in lines[start + 1 :]:
-        m = re.match(r"  (\w+)/\s", line)
-        if not m:
-            break
-        names.append(m.group(1))
-    return names
-
-
-def test_the_readmes_package_table_is_layers():
-    """The README's table of packages names the packages of LAYERS in its order: the one declaration, copied for the
-    reader, is checked here."""
-    assert readme_package_table("rl_training/  x\n  a/  one\n  b/  two\nevals/\n") == ["a", "b"]
-    assert readme_package_table((ROOT / "README.md").read_text()) == list(LAYERS)
-
-
 def test_a_task_family_is_imported_only_by_itself_and_the_registry():
     """Infrastructure is not a task (issue 39): a task family's folder (tasks/code/, tasks/search/) is imported, within
     tasks/, only by its own modules and tasks/build.py, so what two tasks share (the sandbox pool the code task and
