@@ -20,7 +20,7 @@ task file from its path under the name build._import_file gave it), so it must b
 module-level state lives as long as its process (until a timeout or crash replaces it).
 
 The child runs rl_training/tasks/tool_worker.py. What it cannot stop: a process that double-forked out of the
-tree and its group before the timeout (only a pid namespace stops that: the code sandbox, tasks/code/sandbox.py).
+tree and its group before the timeout (only a pid namespace stops that: the code sandbox, rl_training/sandbox/).
 """
 
 from __future__ import annotations
