@@ -45,6 +45,7 @@ from rl_training.base import dist
 from rl_training.ckpt.marker import COMPLETE, STEP_RE, step_name
 from rl_training.ckpt.store import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
 from rl_training.config.load import load_config
+from rl_training.config.plugins import BACKENDS
 from rl_training.config.resolve import resolve
 from rl_training.config.schema import Config, ConfigError, get_key
 from rl_training.evaluation.evaluate import (
@@ -223,7 +224,10 @@ def parse_args(argv):
     ap.add_argument("--question-key", help="record field of the question (default data.question_key)")
     ap.add_argument("--answer-key", help="record field of the answer; math takes it as-is when it has no \\boxed")
     ap.add_argument("--limit", type=int, default=0, help="first N problems only (0 = all)")
-    ap.add_argument("--backend", choices=["auto", "hf", "vllm"], help="default: the run's rollout.backend")
+    ap.add_argument(
+        "--backend",
+        help=f"auto, {', '.join(BACKENDS)} or a user backend 'file.py:NAME' (default: the run's rollout.backend)",
+    )
     ap.add_argument("--k", help='pass@k / maj@k values, e.g. 1,4,8; "" with --n 0: greedy only (default eval.ks)')
     ap.add_argument("--n", type=int, help="samples per problem, >= every k (default eval.num_samples)")
     ap.add_argument("--temperature", type=float, help="sampling temperature (default eval.temperature)")

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
+from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.config.schema import LoraCfg
 from rl_training.policy.models import apply_lora, trainable_parameters
@@ -131,6 +132,7 @@ def grads_after(
     epochs=1,
     objective="dr_grpo",
     tis_cap=0.0,
+    correction=None,
     pack_row_tokens=None,
     probes=None,
 ):
@@ -149,13 +151,34 @@ def grads_after(
         inner_epochs=epochs,
         kl_coef=kl_coef,
         max_grad_norm=0.0,
-        tis_cap=tis_cap,
+        correction=TruncatedIS(tis_cap) if tis_cap > 0 else correction,
     )
     norm = StepNorm(
         seqs=len(rollouts), tokens=sum(rollouts.trainable(i) for i in range(len(rollouts))), max_new_tokens=8
     )
     stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes)
     return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
+
+
+# A user task whose grader fails on purpose: records {"q": ..., "mode": "ok" | "raise" | "hang"}; "raise" raises,
+# "hang" sleeps 30 s (past any test's reward.timeout_s), "ok" scores 0.5.
+MOODY_TASK = """
+import time
+
+from rl_training.tasks import Example, Task
+
+
+class Moody(Task):
+    def parse(self, record, where):
+        return Example(record["q"], record["mode"])
+
+    def reward(self, completion, example):
+        if example.reference == "raise":
+            raise RuntimeError("the grader broke")
+        if example.reference == "hang":
+            time.sleep(30)
+        return 0.5
+"""
 
 
 # ----------------------------------------------------------- launching torchrun, and reading a launched run back

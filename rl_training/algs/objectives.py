@@ -272,15 +272,7 @@ class LossInput:
     ref_logp: torch.Tensor | None = None  # [B,L]
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = KL_ESTIMATORS["k3"]
-    is_weights: torch.Tensor | None = None  # [B,L] truncated importance weights (no grad)
-
-
-def truncated_is_weights(
-    logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """[B,L] truncated importance weights min(pi_train / pi_rollout, cap) on completion tokens, 0 elsewhere
-    (Yao et al. 2025, TIS): they correct for the sampler's policy differing from the trainer's."""
-    return torch.clamp(torch.exp(logp - rollout_logp), max=cap) * mask
+    is_weights: torch.Tensor | None = None  # [B,L] the off-policy correction's weights (algs/corrections.py; no grad)
 
 
 def policy_loss(x: LossInput) -> LossOut:

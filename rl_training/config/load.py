@@ -17,6 +17,9 @@ from typing import Any, Literal
 
 import yaml
 
+from rl_training.algs.corrections import CORRECTIONS
+from rl_training.algs.objectives import OBJECTIVES
+from rl_training.config.plugins import BACKENDS, check_builtin
 from rl_training.config.schema import Config, ConfigError, _field_types, all_keys
 
 
@@ -190,7 +193,8 @@ def _leaf_type(key: str) -> Any:
     return cls
 
 
-TASK_ARGS = "task.args."
+# The mappings of keyword arguments a plugin is built with (config/plugins.py): `KEY.NAME=value` sets one, any NAME.
+ARGS_KEYS = ("task.args.", "loss.args.", "loss.correction_args.", "rollout.backend_args.")
 
 
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
@@ -202,7 +206,7 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
         if key == "data.format":  # the old name of task.name (load_config, legacy_format)
             _drop_format(tree)
             key = "task.name"
-        if key.startswith(TASK_ARGS) and len(key) > len(TASK_ARGS):  # one argument of the task: any name
+        if any(key.startswith(a) and len(key) > len(a) for a in ARGS_KEYS):  # one argument of a plugin: any name
             _set_dotted(tree, key, _yaml_value(key, raw, str_field=False))
             continue
         if key not in valid:
@@ -345,9 +349,25 @@ def _read_file(path: str | os.PathLike, required: Sequence[str]) -> tuple[dict, 
     return tree, lines
 
 
+def check_plugin_names(cfg: Config, where: str = "") -> None:
+    """A built-in name an extension point does not have is one line at load (a user's 'file.py:NAME' is
+    imported and checked where it is built, before any model loads: config/plugins.py)."""
+    names = {
+        "rollout.backend": ("backend", cfg.rollout.backend, ["auto", *BACKENDS]),
+        "loss.type": ("objective", cfg.loss.type, list(OBJECTIVES)),
+        "loss.correction": ("correction", cfg.loss.correction, ["none", *CORRECTIONS]),
+    }
+    for key, (noun, spec, builtin) in names.items():
+        try:
+            check_builtin(key, noun, spec, builtin)
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e}") from None
+
+
 def check_combinations(cfg: Config, where: str = "", training: bool = True) -> None:
     """Values each valid alone but wrong together (or wrong for training): one line naming both keys."""
     check_run_name(cfg.run.name, where)
+    check_plugin_names(cfg, where)
     try:
         parse_keep_best(cfg.ckpt.keep_best, cfg.eval.every)
     except ConfigError as e:
@@ -399,11 +419,12 @@ def check_training_losses(cfg: Config, where: str = "") -> None:
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
             "group still has a KL gradient, which dropping it would silently remove; set one of them off"
         )
-    if cfg.loss.tis_cap > 0 and cfg.rollout.top_p < 1:
+    correction, _ = cfg.loss.correction_spec()
+    if correction != "none" and cfg.rollout.top_p < 1:
         raise ConfigError(
-            f"{where}loss.tis_cap={cfg.loss.tis_cap} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
+            f"{where}loss.correction={correction} with rollout.top_p={cfg.rollout.top_p}: the sampler's "
             "log-probs come from the top-p renormalised distribution, so pi_train/pi_rollout would not be an "
-            "importance ratio; set rollout.top_p=1 or loss.tis_cap=0"
+            "importance ratio; set rollout.top_p=1 or loss.correction=none"
         )
 
 
@@ -437,20 +458,20 @@ def check_async(cfg: Config, where: str = "", training: bool = True) -> None:
     if not training or k == 0:
         return
     head = f"{where}rollout.max_async_level={k}"
-    if cfg.rollout.backend != "server":
+    if cfg.rollout.backend != "server" and ":" not in cfg.rollout.backend:  # a user's: checked when built
         raise ConfigError(
             f"{head} needs rollout.backend=server (got {cfg.rollout.backend}): an in-process engine cannot "
             "generate while the trainer runs in the same process"
         )
-    if cfg.server.weight_sync != "lora":
+    if cfg.rollout.backend == "server" and cfg.server.weight_sync != "lora":
         raise ConfigError(
             f"{head} needs server.weight_sync=lora (got {cfg.server.weight_sync}): a server holds one set of full "
             "weights, so it cannot sample the older versions queued batches need"
         )
-    if cfg.loss.tis_cap <= 0:
+    if cfg.loss.correction_spec()[0] == "none":
         raise ConfigError(
-            f"{head} with loss.tis_cap=0: batches come from a policy up to {k} steps old, and only the truncated "
-            "importance weight corrects for that (decoupled PPO); set loss.tis_cap (e.g. 2.0)"
+            f"{head} with loss.correction=none: batches come from a policy up to {k} steps old, and only an "
+            "off-policy correction accounts for that (decoupled PPO); set loss.tis_cap (e.g. 2.0) or loss.correction"
         )
 
 

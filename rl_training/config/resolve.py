@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_training.algs.objectives import OBJECTIVES
 from rl_training.config.load import check_sync_target
-from rl_training.config.schema import Config, ConfigError, Derived, SyncCfg, derive, get_key, split_task_spec
+from rl_training.config.plugins import load_correction, load_objective, split_spec
+from rl_training.config.schema import Config, ConfigError, Derived, SyncCfg, derive, get_key
 
 # Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and
 # ckpt.resume 'none' / 'latest'), which are not paths and are kept as they are.
@@ -27,6 +27,10 @@ PATH_KEYS = [
     "search.bm25_index",
     "sft.gold_episodes",
 ]
+
+
+# Keys that may name a user's file, 'path/to/file.py:NAME' (config/plugins.py).
+SPEC_KEYS = ["task.name", "loss.type", "loss.correction", "rollout.backend"]
 
 
 def absolute_path(value: str) -> str:
@@ -45,7 +49,7 @@ def absolute_path(value: str) -> str:
 
 
 def resolve_paths(cfg: Config) -> None:
-    """Local paths in PATH_KEYS, run.output_dir (always local) and a task file's path in task.name made absolute,
+    """Local paths in PATH_KEYS, run.output_dir (always local) and a user file's path in SPEC_KEYS made absolute,
     in place: a saved config.yaml then means the same from any working directory (evals.run reads the
     checkpoints' ones)."""
     for key in PATH_KEYS:
@@ -54,9 +58,11 @@ def resolve_paths(cfg: Config) -> None:
             section, name = key.split(".")
             setattr(getattr(cfg, section), name, absolute_path(value))
     cfg.run.output_dir = os.path.abspath(os.path.expanduser(cfg.run.output_dir))
-    kind, where, attr = split_task_spec(cfg.task.name)
-    if kind == "file" and not os.path.isabs(where) and Path(where).expanduser().exists():
-        cfg.task.name = f"{os.path.abspath(os.path.expanduser(where))}:{attr}"
+    for key in SPEC_KEYS:
+        section, name = key.split(".")
+        form, where, attr = split_spec(getattr(getattr(cfg, section), name))
+        if form == "file" and not os.path.isabs(where) and Path(where).expanduser().exists():
+            setattr(getattr(cfg, section), name, f"{os.path.abspath(os.path.expanduser(where))}:{attr}")
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,8 @@ def resolve(
 ) -> Resolved:
     """The one place a loaded config gets its resolved values, on a frozen copy (`cfg` is left as it was):
     local paths absolute (a saved config.yaml means the same from any directory: evals.run reads the
-    checkpoints' ones); with `backend`, rollout.backend 'auto' -> what is installed; with `objective`, unset
+    checkpoints' ones); with `backend`, rollout.backend 'auto' -> what is installed; with `objective`, loss.type
+    and loss.correction loaded (a user's file imported) and checked, loss.tis_cap read into loss.correction, unset
     loss.clip_low/high -> the objective's paper values; with a `world_size`, the derived per-rank batch (its
     divisibility checked); with `upload`, sync.* filled from RL_SYNC_* and checked (every rank calls it: a
     ConfigError must not stop rank 0 alone). What is resolved is saved and logged as such."""
@@ -80,8 +87,10 @@ def resolve(
     resolve_paths(cfg)
     if backend:
         cfg.rollout.backend = resolve_backend_name(cfg.rollout.backend)
-    if objective:
-        chosen = OBJECTIVES[cfg.loss.type]
+    if objective:  # a user's loss file is imported here, before any model loads: a bad spec is one line
+        chosen = load_objective(cfg.loss)
+        load_correction(cfg.loss)
+        cfg.loss.correction, cfg.loss.correction_args = cfg.loss.correction_spec()
         if cfg.loss.clip_low is None:
             cfg.loss.clip_low = chosen.clip_low
         if cfg.loss.clip_high is None:

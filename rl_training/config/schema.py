@@ -121,15 +121,6 @@ class TaskCfg:
     args: dict[str, Any] = _f({}, "Keyword arguments the task is built with (a mapping; task.args.KEY=value).")
 
 
-def split_task_spec(name: str) -> tuple[str, str, str]:
-    """task.name as ('builtin', name, '') | ('file', path, attr) | ('module', dotted module, attr): a spec with a
-    ':' names an attribute of a Python file (a path ending in .py) or of an importable module."""
-    if ":" not in name:
-        return "builtin", name, ""
-    where, _, attr = name.rpartition(":")
-    return ("file" if where.endswith(".py") else "module"), where, attr
-
-
 @dataclass
 class DataCfg:
     train: str = _f(
@@ -169,11 +160,13 @@ class SandboxCfg:
 
 @dataclass
 class RolloutCfg:
-    backend: Literal["auto", "hf", "vllm", "server"] = _f(
+    backend: str = _f(
         "auto",
         "Generation backend: vllm (colocated engine), hf (transformers generate), server (vLLM OpenAI servers at "
-        "server.urls, docs/server.md), auto = vllm if installed.",
+        "server.urls, docs/server.md), auto = vllm if installed; or your own, 'path/to/file.py:NAME' or "
+        "'package.module:NAME' (docs/extending.md).",
     )
+    backend_args: dict[str, Any] = _f({}, "Keyword arguments of a user backend's class or factory (a mapping).")
     prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
     group_size: int = _f(8, "Completions per prompt (G).", ge=2)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
@@ -186,7 +179,7 @@ class RolloutCfg:
     temperature: float = _f(1.0, "Sampling temperature (the trainer scales logits the same way).", gt=0)
     top_p: float = _f(
         1.0,
-        "Nucleus sampling mass. <1 refuses loss.tis_cap (why: docs/rollout.md, 'Log-probs and the canary').",
+        "Nucleus sampling mass. <1 refuses loss.correction (why: docs/rollout.md, 'Log-probs and the canary').",
         gt=0,
         le=1,
     )
@@ -194,7 +187,8 @@ class RolloutCfg:
     max_async_level: int = _f(
         0,
         "K: batch t is sampled by the policy of step max(0, t-K) while the trainer trains earlier batches "
-        "(a generation thread per rank); 0 = synchronous. K > 0 needs backend=server, lora sync and loss.tis_cap.",
+        "(a generation thread per rank); 0 = synchronous. K > 0 needs a versioned backend (server), lora sync and "
+        "a loss.correction.",
         ge=0,
         le=64,
     )
@@ -302,9 +296,12 @@ class TrainCfg:
 
 @dataclass
 class LossCfg:
-    type: Literal["dr_grpo", "grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"] = _f(
-        "dr_grpo", "Policy-gradient objective (docs/objectives.md)."
+    type: str = _f(
+        "dr_grpo",
+        "Policy-gradient objective: dr_grpo, grpo, dapo, gspo, cispo, rloo, reinforce_pp (docs/objectives.md), or your "
+        "own Objective, 'path/to/file.py:NAME' or 'package.module:NAME' (docs/extending.md).",
     )
+    args: dict[str, Any] = _f({}, "Keyword arguments of a user objective's factory (a mapping).")
     clip_low: float | None = _f(
         None, "Ratio clip below, 1 - clip_low; unset = the objective's paper value.", ge=0, le=1
     )
@@ -322,9 +319,34 @@ class LossCfg:
         "weight (that of KL(pi||ref)); "
         "k3 = Schulman's k3 as is (on-policy, the gradient of KL(ref||pi)). docs/objectives.md.",
     )
-    tis_cap: float = _f(
-        0.0, "Truncated importance sampling: weight tokens by min(pi_train/pi_rollout, cap); 0 disables.", ge=0
+    correction: str = _f(
+        "none",
+        "Off-policy correction of the sampler/trainer mismatch: none, tis (truncated IS), token_mask, seq_geo_mask "
+        "(rl_training/algs/corrections.py, docs/objectives.md), or your own Correction, 'path/to/file.py:NAME'.",
     )
+    correction_args: dict[str, Any] = _f(
+        {}, "Keyword arguments of the correction: tis {cap}, token_mask / seq_geo_mask {low, high}, or your own's."
+    )
+    tis_cap: float = _f(
+        0.0,
+        "Shorthand for loss.correction=tis with correction_args {cap: tis_cap}: weight tokens by "
+        "min(pi_train/pi_rollout, cap); 0 disables.",
+        ge=0,
+    )
+
+    def correction_spec(self) -> tuple[str, dict[str, Any]]:
+        """(loss.correction, its arguments) with the tis_cap shorthand read in; ConfigError when they disagree."""
+        if self.tis_cap <= 0:
+            return self.correction, dict(self.correction_args)
+        if self.correction not in ("none", "tis"):
+            raise ConfigError(
+                f"loss.tis_cap={self.tis_cap} with loss.correction={self.correction}: tis_cap is the tis correction's "
+                "cap; set one of them"
+            )
+        cap = self.correction_args.get("cap", self.tis_cap) if self.correction == "tis" else self.tis_cap
+        if cap != self.tis_cap:
+            raise ConfigError(f"loss.tis_cap={self.tis_cap} and loss.correction_args.cap={cap} disagree; set one")
+        return "tis", {**self.correction_args, "cap": self.tis_cap}
 
 
 @dataclass

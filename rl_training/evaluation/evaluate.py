@@ -220,11 +220,15 @@ class InLoopEval:
         return step % self.every == 0 or step == self.total
 
     def __call__(self, backend: RolloutBackend, step: int) -> dict[str, float]:
-        records, timing = evaluate_policy(backend, self.prompts, self.examples, self.task, self.settings, self.first)
+        grading = GradingCounts()
+        records, timing = evaluate_policy(
+            backend, self.prompts, self.examples, self.task, self.settings, self.first, grading=grading
+        )
         records = [r for part in dist.all_gather_objects(records) for r in part]
         timing = dist.reduce_max(timing, self.info.device)  # the slowest rank sets the pace
         timing["problems_per_s"] = len(records) / timing["eval_s"] if timing["eval_s"] else 0.0
-        metrics = summarize(records, self.settings.ks)
+        failed = dist.reduce_sums(grading.metrics(), self.info.device)  # what evals.run reports, over all ranks
+        metrics = {**summarize(records, self.settings.ks), **{k: int(v) for k, v in failed.items()}}
         if self.info.is_main:
             result = {"step": step, "metrics": metrics, "timing": timing, "backend": backend.name}
             result["settings"] = {**self.meta, **asdict(self.settings)}

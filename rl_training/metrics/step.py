@@ -64,7 +64,8 @@ def _rank_sums(
         "logp_diff": stats.logp_absdiff_sum,
         "grad_norm": stats.grad_norm,
         "is_ratio": stats.is_ratio_sum,
-        "is_trunc": stats.is_truncated,
+        "seqs": stats.sequences,
+        **{f"corr_{k}": v for k, v in stats.correction.items()},
         # the task's own reward parts and counters (the same names on every rank: Task.part_names)
         **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
         **{f"count_{k}": v for k, v in scores.counts.items()},
@@ -113,7 +114,6 @@ def step_metrics(
         "rollout/logp_diff_max": maxes["logp_diff_max"],
         "is/ratio_mean": sums["is_ratio"] / tok,  # rho = pi_train / pi_rollout on sampled tokens
         "is/ratio_max": maxes["is_ratio_max"],
-        "is/trunc_frac": sums["is_trunc"] / tok,
         # DDP semantics: the step loss is the mean of the ranks' losses (each already / its normaliser).
         "train/loss": sums["loss"] / world / stats.epochs,
         "train/pg_loss": sums["pg_loss"] / world / stats.epochs,
@@ -125,6 +125,9 @@ def step_metrics(
         "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
         "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
     }
+    # the off-policy correction's counts (loss.correction), each over the step's tokens or sequences
+    per = {"tokens": tok, "sequences": max(sums["seqs"], 1.0)}
+    out.update({f"is/{k}_frac": sums[f"corr_{k}"] / per[stats.correction_units[k]] for k in stats.correction})
     if stats.kl_measured:  # steps without the reference forward (loss.kl_log_every) log no KL, not a 0
         out["train/kl"] = sums["kl"] / tok
     out.update({f"reward/{k}_mean": sums[f"part_{k}"] / n for k in scores.parts})

@@ -60,7 +60,8 @@ LAYOUT = {
         ],
         "sequence ESS, PPO-ratio ESS": ["Multiline", ["probe/ess/seq", "probe/ess/ppo_token"]],
         "IS ratio max, p99.9, mean": ["Multiline", ["is/ratio_max", "is/ratio_p99_9", "is/ratio_mean"]],
-        "TIS truncated fraction": ["Multiline", ["is/trunc_frac"]],
+        # a regex: whichever counts the run's loss.correction logs (is/trunc_frac for tis, is/masked_*_frac, ...)
+        "off-policy correction: fraction truncated or masked": ["Multiline", [r"is/\w+_frac"]],
         "mismatch KL (k1, k3) and chi2": ["Multiline", ["is/kl_k1", "is/kl_k3", "is/chi2_token"]],
         "trainer vs rollout log-prob gap (mean, max)": [
             "Multiline",
@@ -161,7 +162,7 @@ def alerts(m: dict[str, float], invalid_streak: int, ess_history: list[float] = 
 ALERT_TEXT = {
     "probe/alert/ess_token": "token ESS of the importance weights is low or dropped suddenly: trainer and rollout "
     "policies disagree "
-    "(check is/ratio_max, rollout/logp_diff_*; enable or lower loss.tis_cap)",
+    "(check is/ratio_max, rollout/logp_diff_*; set or tighten loss.correction)",
     "probe/alert/batch": "batch is far from B_simple: below 1/4 = noise-dominated (bigger batch or lower lr), "
     "above 4x = compute-wasteful (smaller batch)",
     "probe/alert/gns_invalid": "|G|^2 estimate non-positive for longer than the EMA window: B_simple undefined "

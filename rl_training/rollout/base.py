@@ -7,8 +7,10 @@ methods; memory juggling (sleep/wake) and any engine internals stay inside the b
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -71,6 +73,19 @@ def completion_seeds(seed: int | None, n_prompts: int, n: int) -> list[int | Non
     return [base + k for k in range(total)]
 
 
+@dataclass(frozen=True)
+class BackendContext:
+    """What every backend is built from (rollout/factory.py): a user's backend factory gets it as `ctx`."""
+
+    cfg: Any  # the resolved Config
+    model: Any  # the policy (peft model): its weights are what sync_weights sends
+    tokenizer: Any
+    dist_info: Any  # base.dist.DistInfo of this process
+    start_step: int = 0  # optimizer steps the model has taken (a resumed run's): where weight versions continue
+    episode_tokens: int = 0  # tokens an Environment's episode reaches after its prompt (the context must hold them)
+
+
+@runtime_checkable
 class RolloutBackend(Protocol):
     name: str
 
@@ -91,6 +106,21 @@ class RolloutBackend(Protocol):
 
     def close(self) -> None:
         """Release the engine; called once after the run's last collective."""
+
+
+@runtime_checkable
+class VersionedBackend(RolloutBackend, Protocol):
+    """A backend that serves several policy versions at once (the server backend): what rollout.max_async_level > 0
+    needs, checked at setup. Version n is the policy after n optimizer steps."""
+
+    def pinned(self, version: int) -> AbstractContextManager:
+        """Every generate() of this thread inside the block samples `version`."""
+
+    def republish(self, version: int, adapter_dir: Path) -> None:
+        """Serve a saved adapter (a resumed run's past version) as `version` again."""
+
+    def version_dirs(self, versions) -> dict[int, Path]:
+        """Where the served `versions` are saved (rank 0; {} elsewhere), for the checkpoint to keep them."""
 
 
 def split_completion(tokens: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:

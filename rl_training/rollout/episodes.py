@@ -47,7 +47,7 @@ import numpy as np
 from rl_training.base.errors import one_line
 from rl_training.data.sources import Example
 from rl_training.data.text import clean_text, encode_observation
-from rl_training.rollout.base import Rollouts, SamplingSpec, completion_seeds
+from rl_training.rollout.base import Rollouts, SamplingSpec, VersionedBackend, completion_seeds
 from rl_training.tasks.base import Environment, Step, Turn
 
 MAX_COUNT = 2**53  # a Step's count past it is no count (exact as a float, summed across ranks as one)
@@ -360,11 +360,18 @@ class EpisodeBackend:
     def close(self) -> None:
         self.backend.close()
 
-    def __getattr__(self, name: str):
-        """Everything else (the server backend's pinned/republish, the engine's lora mode) is the wrapped one's."""
-        if name == "backend":  # not yet set (copy, unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.backend, name)
+
+class VersionedEpisodeBackend(EpisodeBackend):
+    """Episodes on a VersionedBackend (the server's): its versions, pinned per thread, are the wrapped one's."""
+
+    def pinned(self, version: int):
+        return self.backend.pinned(version)
+
+    def republish(self, version: int, adapter_dir) -> None:
+        self.backend.republish(version, adapter_dir)
+
+    def version_dirs(self, versions):
+        return self.backend.version_dirs(versions)
 
 
 def episode_budget(cfg, task) -> int:
@@ -384,6 +391,7 @@ def with_episodes(cfg, backend, tokenizer, task):
     """The backend itself for a single-turn task; wrapped in EpisodeBackend for an Environment."""
     if not isinstance(task, Environment):
         return backend
-    if not hasattr(backend, "generate_turn"):
-        raise ValueError(f"rollout.backend={backend.name} cannot run multi-turn episodes (use vllm, hf or server)")
-    return EpisodeBackend(backend, task, tokenizer, EpisodeSpec.from_config(cfg, task))
+    if not callable(getattr(backend, "generate_turn", None)):
+        raise ValueError(f"rollout.backend={backend.name} cannot run multi-turn episodes: it has no generate_turn")
+    wrapper = VersionedEpisodeBackend if isinstance(backend, VersionedBackend) else EpisodeBackend
+    return wrapper(backend, task, tokenizer, EpisodeSpec.from_config(cfg, task))

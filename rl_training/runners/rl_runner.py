@@ -48,7 +48,7 @@ from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
 from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
 from rl_training.rollout.episodes import max_trainable_tokens
-from rl_training.rollout.factory import build_rollout
+from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -171,7 +171,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     backend = build_rollout(cfg, model, tokenizer, info, task, start_step)  # an Environment's episodes
     set_rng_state(rng)
     for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
-        backend.republish(v, past_version_dir(resume_from, v))
+        versioned(backend, cfg).republish(v, past_version_dir(resume_from, v))
     if info.is_main:
         derived.run_dir.mkdir(parents=True, exist_ok=True)
         (derived.run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -214,7 +214,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         ),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
-    pin = backend.pinned if K else None
+    pin = versioned(backend, cfg).pinned if K else None
     run.rollouts = make_rollouts(lambda t: generate_step(run, t), K, start_step, cfg.train.total_steps, pin)
     return run
 
@@ -344,7 +344,9 @@ def checkpoint(run: Run, step: int) -> None:
         },
         run.cfg.ckpt.keep_last,
         # async: the adapters the queued batches sampled, which a resume must serve again
-        {f"policy_versions/v{v}": p for v, p in run.backend.version_dirs(past).items()} if past else None,
+        {f"policy_versions/v{v}": p for v, p in versioned(run.backend, run.cfg).version_dirs(past).items()}
+        if past
+        else None,
         best=run.best.protected,
     )
     if path is not None:  # rank 0

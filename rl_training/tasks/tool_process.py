@@ -16,7 +16,7 @@ The wire: a socketpair, each message a 8-byte length and a pickle (arguments may
 4300-digit str limit, which JSON cannot carry). The child renders a return value to text itself, so only plain
 strings come back, read with an unpickler that loads no class. The child's stdout and stderr are the parent's
 stderr (a tool may print). A tool is imported in the child by reference (`__module__` + `__qualname__`; a user's
-task file from its path under the name build._import_file gave it), so it must be defined at module level; its
+task file from its path under the name config.plugins.import_file gave it), so it must be defined at module level; its
 module-level state lives as long as its process (until a timeout or crash replaces it).
 
 The child runs rl_training/tasks/tool_worker.py. What it cannot stop: a process that double-forked out of the

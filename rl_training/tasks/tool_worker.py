@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_training.base.errors import one_line
-from rl_training.tasks.build import module_from_file
+from rl_training.config.plugins import module_from_file
 from rl_training.tasks.tool_process import ChannelClosed, recv_frame, send_frame
 from rl_training.tasks.tools import ToolFailed, result_text
 
@@ -60,7 +60,7 @@ def _watch_parent(lifeline_fd: int) -> None:
 # ----------------------------------------------------------------------------------------------- importing
 def import_tool(name: str, module: str, qualname: str, file: str) -> Callable:
     """The function `module`.`qualname`; a module that does not import by name is loaded from `file` under the
-    same name (a user's task file, build._import_file); __main__ is loaded as __mp_main__, so its
+    same name (a user's task file, config.plugins.import_file); __main__ is loaded as __mp_main__, so its
     `if __name__ == "__main__"` block does not run. ImportError (one line) for anything that fails."""
     try:
         mod = _load(module, file)

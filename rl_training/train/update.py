@@ -4,7 +4,7 @@ Old log-probs come for free and exactly: the first inner epoch's forward passes 
 any update of this step, which is the policy the PPO ratio compares against. Their detached values are
 kept and reused by later epochs, so old and new log-probs are computed the same way (full vocabulary,
 same precision, same temperature) and the ratio is exactly 1 in epoch 0. The sampler's own log-probs
-only feed the trainer-vs-rollout canary (and truncated IS, when enabled).
+only feed the trainer-vs-rollout canary and the off-policy correction (loss.correction: algs/corrections.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_training.algs.common import token_entropy, token_logprobs, zero_adv_groups
+from rl_training.algs.corrections import Correction
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
     OBJECTIVES,
@@ -26,9 +27,9 @@ from rl_training.algs.objectives import (
     batch_moments,
     batch_std_scale,
     policy_loss,
-    truncated_is_weights,
 )
 from rl_training.base import dist
+from rl_training.config.plugins import load_correction, load_objective
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.base import Rollouts
 from rl_training.train.packing import PackedRows, pack_sequences, packed_to
@@ -157,13 +158,13 @@ class UpdateHParams:
     kl_log_every: int = 1  # with kl_coef == 0, the steps that do: step % kl_log_every == 0 (0 = none)
     temperature: float = 1.0
     max_grad_norm: float = 1.0  # 0 = no clipping
-    tis_cap: float = 0.0  # truncated importance sampling cap; 0 = off
+    correction: Correction | None = None  # off-policy correction (loss.correction); None = none
 
     @classmethod
     def from_config(cls, cfg) -> UpdateHParams:
         """cfg.loss.clip_low/high must already be resolved (rl_training/config/resolve.py)."""
         return cls(
-            objective=OBJECTIVES[cfg.loss.type],
+            objective=load_objective(cfg.loss),
             inner_epochs=cfg.train.inner_epochs,
             clip_low=cfg.loss.clip_low,
             clip_high=cfg.loss.clip_high,
@@ -171,7 +172,7 @@ class UpdateHParams:
             kl_estimator=KL_ESTIMATORS[cfg.loss.kl_estimator],
             temperature=cfg.rollout.temperature,
             max_grad_norm=cfg.optim.max_grad_norm,
-            tis_cap=cfg.loss.tis_cap,
+            correction=load_correction(cfg.loss),
             kl_log_every=cfg.loss.kl_log_every,
         )
 
@@ -215,7 +216,7 @@ class TrainStats:
     logp_absdiff_max: float = 0.0
     is_ratio_sum: float = 0.0  # token sum of rho = pi_train / pi_rollout, epoch 0
     is_ratio_max: float = 0.0
-    is_truncated: float = 0.0  # tokens with rho > tis_cap (0 when TIS is off)
+    sequences: float = 0.0  # sequences trained on in one epoch (zero-advantage groups dropped are absent)
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
     kl_measured: bool = True  # the reference forward ran this step (kl_sum is a measurement, not a 0 default)
@@ -225,9 +226,13 @@ class TrainStats:
     seq_logp_gap: dict[int, float] = dataclasses.field(default_factory=dict)
     # multi-turn: turn t -> (token sum of |trainer - sampler| log-prob, tokens) over turn t's sampled tokens, epoch 0
     turn_logp_diff: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # the off-policy correction's counts, epoch 0, and what each counts ('tokens' or 'sequences': Correction.counts)
+    correction: dict[str, float] = dataclasses.field(default_factory=dict)
+    correction_units: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 MAX_TURNS = 32  # the per-turn canary's fixed width (multiturn.max_turns <= 32): no host sync to size it
+CORRECTION_PREFIX = "correction."  # DeviceStats' names of the correction's counts
 
 
 class DeviceStats:
@@ -235,11 +240,21 @@ class DeviceStats:
     asynchronous kernel, and `to_stats` copies everything to the host once per step (one sync, not several
     `.item()` calls per micro-batch)."""
 
-    def __init__(self, device: torch.device, epochs: int, kl_measured: bool = True):
-        host_only = ("epochs", "kl_measured", "skipped", "seq_logp_gap", "turn_logp_diff")
+    def __init__(self, device: torch.device, epochs: int, kl_measured: bool = True, correction_counts=None):
+        host_only = (
+            "epochs",
+            "kl_measured",
+            "skipped",
+            "seq_logp_gap",
+            "turn_logp_diff",
+            "correction",
+            "correction_units",
+        )
         names = [f.name for f in dataclasses.fields(TrainStats) if f.name not in host_only]
+        names += [CORRECTION_PREFIX + k for k in correction_counts or {}]
         self.v = {k: torch.zeros((), dtype=torch.float64, device=device) for k in names}
         self.epochs, self.kl_measured = epochs, kl_measured
+        self.correction_units = dict(correction_counts or {})
         self.skipped: tuple[str, ...] = ()  # set by the update after the all-reduce (one agreed decision)
         self.seq_gaps: list[tuple[list[int], torch.Tensor]] = []  # (rollout rows, [rows] gap) per micro-batch
         self.turn_sums = torch.zeros((2, MAX_TURNS + 1), dtype=torch.float64, device=device)  # [gap sum, tokens][turn]
@@ -258,13 +273,17 @@ class DeviceStats:
 
     def to_stats(self) -> TrainStats:
         names = list(self.v)
+        n = len(CORRECTION_PREFIX)
         gaps = [g.to(torch.float64) for _, g in self.seq_gaps]
         flat = [torch.stack([self.v[k] for k in names]), *gaps, self.turn_sums.flatten()]
         values = torch.cat(flat).tolist()  # the one host copy
         rows = [r for rs, _ in self.seq_gaps for r in rs]
         turn_gap, turn_tok = values[-2 * (MAX_TURNS + 1) : -(MAX_TURNS + 1)], values[-(MAX_TURNS + 1) :]
+        fields = dict(zip(names, values[: len(names)], strict=True))
         return TrainStats(
-            **dict(zip(names, values[: len(names)], strict=True)),
+            **{k: v for k, v in fields.items() if not k.startswith(CORRECTION_PREFIX)},
+            correction={k[n:]: v for k, v in fields.items() if k.startswith(CORRECTION_PREFIX)},
+            correction_units=self.correction_units,
             epochs=self.epochs,
             kl_measured=self.kl_measured,
             skipped=self.skipped,
@@ -273,8 +292,11 @@ class DeviceStats:
         )
 
 
-def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_cap: float) -> torch.Tensor | None:
-    """Trainer-vs-sampler log-prob gap and importance ratios on valid tokens; returns TIS weights or None.
+def _rollout_canary(
+    stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, correction: Correction | None
+) -> torch.Tensor | None:
+    """Trainer-vs-sampler log-prob gap and importance ratios on valid tokens; returns the off-policy correction's
+    weights, or None without one.
     Masked arithmetic rather than boolean indexing, whose data-dependent size would sync with the host."""
     m = mb.mask.bool()
     log_rho = torch.where(m, logp - mb.rollout_logp, 0.0)
@@ -290,10 +312,13 @@ def _rollout_canary(stats: DeviceStats, logp: torch.Tensor, mb: MicroBatch, tis_
         stats.turn_sums[1].scatter_add_(0, t, mb.mask.flatten().double())
     stats.add("is_ratio_sum", rho.sum())
     stats.max("is_ratio_max", rho.max())
-    if tis_cap <= 0:
+    stats.v["sequences"] += len(rows)  # a Python number: no host-to-device copy
+    if correction is None:
         return None
-    stats.add("is_truncated", (rho > tis_cap).sum())
-    return truncated_is_weights(logp, mb.rollout_logp, mb.mask, tis_cap)
+    out = correction(logp, mb.rollout_logp, mb.mask)
+    for name, count in out.counts.items():
+        stats.add(CORRECTION_PREFIX + name, count.double())
+    return out.weights.detach()
 
 
 @contextmanager
@@ -354,7 +379,8 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
     old_logps: list[torch.Tensor] = []
     is_weights: list[torch.Tensor | None] = []
     ref_logps = reference_logprobs(model, micro_batches, hp.temperature, hp.needs_reference)
-    acc = DeviceStats(params[0].device, hp.inner_epochs, hp.needs_reference)
+    counts = hp.correction.counts if hp.correction is not None else None
+    acc = DeviceStats(params[0].device, hp.inner_epochs, hp.needs_reference, counts)
     for epoch in range(hp.inner_epochs):
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro_batches):
@@ -363,7 +389,7 @@ def _train_on_rollouts(model, optimizer, scheduler, params, micro_batches, hp, n
                 logp = mb.unpack(token_logprobs(logits, mb.row_targets, hp.temperature))
                 if epoch == 0:
                     old_logps.append(logp.detach())
-                    is_weights.append(_rollout_canary(acc, logp.detach(), mb, hp.tis_cap))
+                    is_weights.append(_rollout_canary(acc, logp.detach(), mb, hp.correction))
                     entropy = mb.unpack(token_entropy(logits.detach(), hp.temperature))
                     acc.add("entropy_sum", (entropy * mb.mask).sum())
                 del logits  # else they would outlive backward, into the next micro-batch's forward

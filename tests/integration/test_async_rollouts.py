@@ -280,7 +280,7 @@ def test_resume_with_a_larger_level_than_saved_is_refused(fake, tmp_path, capsys
     [
         (["rollout.backend=hf"], "needs rollout.backend=server"),
         (["server.weight_sync=full"], "needs server.weight_sync=lora"),
-        (["loss.tis_cap=0"], "with loss.tis_cap=0"),
+        (["loss.tis_cap=0"], "with loss.correction=none"),
     ],
 )
 def test_async_config_refusals(override, reason):

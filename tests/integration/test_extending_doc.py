@@ -37,8 +37,9 @@ def commands(body: str) -> list[str]:
 def test_page_has_the_recipes():
     langs = [lang for lang, _ in doc_blocks()]
     files = [b.split("\n", 1)[0][len("# file: ") :] for _, b in doc_blocks() if b.startswith("# file: ")]
-    assert files == ["sort_letters.py", "sort.yaml", "guess_letter.py", "guess.yaml", "sum_stdin.py"]
-    assert langs.count("bash") == 2 and langs.count("python") >= 9
+    assert files == ["sort_letters.py", "sort.yaml", "guess_letter.py", "guess.yaml", "sum_stdin.py", "my_loss.py",
+                     "my_correction.py", "my_backend.py"]  # fmt: skip
+    assert langs.count("bash") == 3 and langs.count("python") >= 9
     # the recipes stay one screen each: the single-turn task about 30 lines, the environment about 60
     assert len(doc_file("sort_letters.py").splitlines()) <= 35
     assert len(doc_file("guess_letter.py").splitlines()) <= 60
@@ -75,6 +76,7 @@ def test_every_block_runs_outside_the_repository(warm_model, tmp_path, monkeypat
     assert ran == ["rl_training.runners.rl_runner"] * 2 + ["evals.run", "rl_training.synthesize"] + [
         "rl_training.runners.rl_runner",
         "evals.run",
+        "rl_training.runners.rl_runner",
     ]
 
     # The single-turn task trained 3 steps, then continued to 4 from its checkpoint at step 3.
@@ -94,3 +96,16 @@ def test_every_block_runs_outside_the_repository(warm_model, tmp_path, monkeypat
         assert 1 <= m["rollout/turns_mean"] <= 5 and m["rollout/response_len_max"] <= 64
         assert 0 <= m["rollout/found_mean"] <= 1 and m["rollout/guesses_mean"] >= m["rollout/found_mean"]
     assert (work / "runs" / "guess" / "eval" / "guess_heldout" / "summary.csv").exists()
+    # The user's loss, correction and backend, in one run: built from their files (saved absolute), run every step.
+    mine = work / "runs" / "sort_mine"
+    saved = yaml.safe_load((mine / "config.yaml").read_text())
+    assert saved["loss"]["type"] == f"{work}/my_loss.py:clipped_advantages" and saved["loss"]["args"] == {"bound": 0.5}
+    assert saved["loss"]["correction"] == f"{work}/my_correction.py:DropUnlikely"
+    assert saved["rollout"]["backend"] == f"{work}/my_backend.py:CountingHF"
+    rows = [json.loads(x) for x in (mine / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rows] == [1, 2, 3]
+    # the backend's count grows by at least each step's 8 prompts x 4 completions of >= 1 token (the in-loop eval
+    # generates with it too)
+    generated = [m["rollout/generated_tokens"] for m in rows]
+    assert all(b - a >= 32 for a, b in zip([0.0, *generated], generated, strict=False)), generated
+    assert all(0.0 <= m["is/dropped_frac"] <= 1.0 for m in rows) and "is/trunc_frac" not in rows[0]

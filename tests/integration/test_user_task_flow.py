@@ -13,8 +13,7 @@ import sys
 
 import yaml
 
-from tests.helpers import RL_RUNNER, TESTCFG, torchrun_cmd
-from tests.integration.test_user_tasks import GRADER
+from tests.helpers import MOODY_TASK, RL_RUNNER, TESTCFG, torchrun_cmd
 
 # Every completion counts as verified (correct_threshold 0), so synthesize keeps each distinct sample. `parse`
 # reads the user's own records ({"word": ...}); the arguments must arrive exactly (a string YAML would read as a
@@ -91,7 +90,7 @@ def test_evals_report_grader_errors_and_timeouts(warm_model, tmp_path, capsys):
     from rl_training.runners import rl_runner
 
     # ok, ok, raise, hang: the grader raises for one problem's completions and runs past the limit on another's
-    (tmp_path / "moody.py").write_text(GRADER)
+    (tmp_path / "moody.py").write_text(MOODY_TASK)
     data = tmp_path / "moody.jsonl"
     rows = [{"q": q, "mode": m} for q, m in zip("abcd", ["ok", "ok", "raise", "hang"])]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))

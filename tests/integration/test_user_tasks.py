@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import TESTCFG, doc_file, read_metrics
+from tests.helpers import MOODY_TASK, TESTCFG, doc_file, read_metrics
 
 SORT_DATA = ["dcab", "hgfe", "jiba", "cfad", "eebd", "gaci", "bbaj", "fedc", "ajic", "hdgb"]
 CASES = {
@@ -112,31 +112,12 @@ def test_user_task_trains_on_vllm(case, warm_model, tmp_path, monkeypatch):
         assert all(m["rollout/logp_diff_turn1"] < 1e-3 for m in metrics)
 
 
-GRADER = """
-import time
-
-from rl_training.tasks import Example, Task
-
-
-class Moody(Task):
-    def parse(self, record, where):
-        return Example(record["q"], record["mode"])
-
-    def reward(self, completion, example):
-        if example.reference == "raise":
-            raise RuntimeError("the grader broke")
-        if example.reference == "hang":
-            time.sleep(30)
-        return 0.5
-"""
-
-
 def test_user_grader_failures_are_counted_and_the_run_goes_on(warm_model, tmp_path):
     """Four prompts a step (ok, ok, raise, hang) x 4 completions: 4 errors and 4 time-outs per step, each scored
     0, and the run trains on (reward.timeout_s=0.3 bounds each hang)."""
     from rl_training.runners import rl_runner
 
-    (tmp_path / "moody.py").write_text(GRADER)
+    (tmp_path / "moody.py").write_text(MOODY_TASK)
     data = tmp_path / "moody.jsonl"
     data.write_text(
         "".join(json.dumps({"q": q, "mode": m}) + "\n" for q, m in zip("abcd", ["ok", "ok", "raise", "hang"]))

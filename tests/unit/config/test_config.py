@@ -94,7 +94,7 @@ def test_unknown_section_and_override():
         ("train.total_steps=1.5", "train.total_steps must be an integer"),
         ("train.total_steps=0", "train.total_steps=0 must be >= 1"),
         ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
-        ("rollout.backend=tgi", "rollout.backend='tgi' is not one of 'auto', 'hf', 'vllm'"),
+        ("rollout.backend=tgi", "rollout.backend='tgi' is not a built-in backend (auto, hf, vllm, server"),
         ("run.tensorboard=yes please", "run.tensorboard must be true or false"),
         ("lora.target_modules=q_proj", "lora.target_modules must be a list"),
         ("ckpt.resume=/no/such/ckpt", "ckpt.resume='/no/such/ckpt': no such checkpoint directory"),
@@ -137,13 +137,15 @@ def test_yaml_syntax_error_names_line(tmp_path):
         load_config(p)
 
 
-def test_tis_refused_with_top_p_below_one():
+@pytest.mark.parametrize("correction", [["loss.tis_cap=2.0"], ["loss.correction=seq_geo_mask"]])
+def test_corrections_refused_with_top_p_below_one(correction):
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=0.9"])
+        load_config(None, [*correction, "rollout.top_p=0.9"])
+    name = "tis" if "tis" in correction[0] else "seq_geo_mask"
     assert str(e.value) == (
-        "loss.tis_cap=2.0 with rollout.top_p=0.9: the sampler's log-probs come from the top-p renormalised "
+        f"loss.correction={name} with rollout.top_p=0.9: the sampler's log-probs come from the top-p renormalised "
         "distribution, so pi_train/pi_rollout would not be an importance ratio; set rollout.top_p=1 or "
-        "loss.tis_cap=0"
+        "loss.correction=none"
     )
     load_config(None, ["loss.tis_cap=2.0", "rollout.top_p=1.0"])
     # evals read saved configs (training=False): a run made before these refusals existed is still evaluated

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, StepNorm
 from rl_training.train.update import DeviceStats, UpdateHParams, make_micro_batches, step_advantages, train_on_rollouts
 from tests.helpers import G, fake_rollouts
@@ -43,7 +44,12 @@ def test_update_runs_on_a_non_cpu_device_without_host_syncs(monkeypatch, objecti
     o = OBJECTIVES[objective]
     norm = StepNorm(seqs=len(ro), tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
     hp = UpdateHParams(
-        objective=o, clip_low=o.clip_low, clip_high=o.clip_high, inner_epochs=2, kl_coef=0.1, tis_cap=2.0
+        objective=o,
+        clip_low=o.clip_low,
+        clip_high=o.clip_high,
+        inner_epochs=2,
+        kl_coef=0.1,
+        correction=TruncatedIS(2.0),
     )
     copied: list[torch.Tensor] = []
     decided: list[torch.device] = []

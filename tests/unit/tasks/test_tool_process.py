@@ -398,14 +398,14 @@ def test_tools_that_cannot_be_imported_by_reference_are_refused():
 
 
 def test_a_tool_from_a_users_task_file_runs_in_the_child(make, tmp_path):
-    from rl_training.tasks.build import _import_file
+    from rl_training.config.plugins import import_file
 
     path = tmp_path / "my_tools.py"
     path.write_text(
         "import os\n\ndef triple(x: int) -> int:\n    return 3 * x\n\ndef where() -> int:\n    return os.getpid()\n"
     )
-    mod = _import_file(str(path), "test")
-    assert mod.__name__.startswith("rl_user_task_my_tools_")  # not importable by that name: loaded from the file
+    mod = import_file(str(path), "test")
+    assert mod.__name__.startswith("rl_user_my_tools_")  # not importable by that name: loaded from the file
     tp = make([mod.triple, mod.where], 5.0)
     assert tp.call("triple", {"x": 2}) == ("6", "")
     assert tp.call("where", {}) == (str(tp.pid), "")
@@ -435,7 +435,7 @@ def test_a_tool_defined_in_a_script_runs_without_its_main_block(tmp_path):
 
 
 def test_a_child_that_cannot_import_a_tool_fails_start_with_one_line(tmp_path):
-    from rl_training.tasks.build import _import_file
+    from rl_training.config.plugins import import_file
 
     # The file raises once a marker exists, made after this process imported it: only the child's import fails.
     path, marker = tmp_path / "child_only_error.py", tmp_path / "marker"
@@ -445,7 +445,7 @@ def test_a_child_that_cannot_import_a_tool_fails_start_with_one_line(tmp_path):
         "    raise RuntimeError('only in\\nthe child')\n"
         "def tool() -> int:\n    return 1\n"
     )
-    mod = _import_file(str(path), "test")
+    mod = import_file(str(path), "test")
     marker.touch()
     tp = ToolProcess([mod.tool], 5.0)
     with pytest.raises(ValueError) as e:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
+from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.policy.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
@@ -141,11 +142,11 @@ def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
     rollout_logp = torch.tensor([[-1.0 - math.log(2), -1.0 + math.log(2), -1.0]], dtype=d)
     ids = torch.zeros(1, 4, dtype=torch.long)
     mb = MicroBatch(ids, ids, ids[:, 1:], mask, torch.ones(1, dtype=d), rollout_logp, [0])
-    dev_stats = DeviceStats(torch.device("cpu"), epochs=1)
-    w = _rollout_canary(dev_stats, logp.detach(), mb, tis_cap=1.5)
+    dev_stats = DeviceStats(torch.device("cpu"), epochs=1, correction_counts=TruncatedIS.counts)
+    w = _rollout_canary(dev_stats, logp.detach(), mb, TruncatedIS(cap=1.5))
     stats = dev_stats.to_stats()
     torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]], dtype=d))
-    assert stats.is_truncated == 1 and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
+    assert stats.correction == {"trunc": 1} and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
     norm = StepNorm(seqs=1, tokens=3, max_new_tokens=4)
     out = policy_loss(
         LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mask, norm, 0.2, 0.2, is_weights=w)
@@ -181,7 +182,7 @@ def test_truncated_is_scales_the_trainer_gradient(policy):
     torch.testing.assert_close(g_half, 0.5 * g, **tol)
     torch.testing.assert_close(g_capped, 1.5 * g, **tol)
     assert (g_capped - 2.0 * g).abs().max() > 0.1 * g.abs().max()  # the cap did bind: not the uncapped 2x
-    assert s.is_truncated == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5
+    assert s.correction["trunc"] == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5
 
 
 def checkpointed_policy_with_dropout(model_dir):
@@ -285,7 +286,7 @@ def test_observation_tokens_are_never_trained(policy, name):
     assert g.abs().max() > 1e-4
     torch.testing.assert_close(g_other, g, rtol=0, atol=0)
     torch.testing.assert_close(g_split, g, rtol=1e-9, atol=1e-12)
-    for k in ("logp_absdiff_sum", "logp_absdiff_max", "is_ratio_sum", "is_ratio_max", "is_truncated", "kl_sum"):
+    for k in ("logp_absdiff_sum", "logp_absdiff_max", "is_ratio_sum", "is_ratio_max", "correction", "kl_sum"):
         assert getattr(s_other, k) == getattr(s, k), k
     assert s.tokens == sum(len(c) for c in base.completion_ids)  # trainable tokens only
     # the per-turn canary splits the same sum by turn: turn 1 is each sequence's first token
