@@ -144,7 +144,7 @@ def main() -> int:
     sft_default, rl_default, make_data, headline = DEMOS[a.task]
     a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config.load import load_config
+    from rl_training.config.load import load_config, vllm_max_lora_rank
     from rl_training.config.resolve import resolve_backend_name
 
     t0 = time.time()
@@ -173,7 +173,9 @@ def main() -> int:
         from rl_training.rollout.local_server import VLLMServer
 
         log = REPO / rl_cfg.run.output_dir / f"demo_{stamp}_server.log"
-        server = VLLMServer(REPO / sft_dir / "final_model", log, max_lora_rank=rl_cfg.lora.r, cpus=server_cpus)
+        server = VLLMServer(
+            REPO / sft_dir / "final_model", log, max_lora_rank=vllm_max_lora_rank(rl_cfg.lora.r), cpus=server_cpus
+        )
         server.start()
         print(f"vLLM server on {server.url} (log: {log})", flush=True)
         rl_over += ["rollout.backend=server", f"server.urls=[{server.url}]"]

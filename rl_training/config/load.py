@@ -380,6 +380,7 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
     check_async(cfg, where, training)
     if training:
         check_vllm_sleep(cfg, where)
+    check_lora_rank(cfg, where)
     t = cfg.train
     if training and t.pack_sequences and cfg.model.attn_implementation == "flash_attention_2" and t.pack_row_tokens:
         raise ConfigError(
@@ -449,6 +450,35 @@ def check_vllm_sleep(cfg: Config, where: str = "") -> None:
             f"{where}vllm.weight_sync=lora with vllm.sleep_level=2: level 2 discards the base weights and a LoRA "
             "sync never sends them again; set vllm.sleep_level=1 (they wait in host memory) or vllm.sleep=false"
         )
+
+
+# vLLM 0.32 takes max_lora_rank only from these (LoRAConfig's MaxLoRARanks, vllm/config/lora.py): lora.r=24 would
+# fail at engine build, after the model loaded. The engine is built at the smallest one >= lora.r.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(r: int) -> int:
+    """The max_lora_rank an engine (or a server's --max-lora-rank) needs for adapters of rank `r`."""
+    fits = [k for k in VLLM_LORA_RANKS if k >= r]
+    if not fits:
+        raise ConfigError(
+            f"lora.r={r}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; lower lora.r, or push merged weights "
+            "(vllm.weight_sync=merge, server.weight_sync=full)"
+        )
+    return fits[0]
+
+
+def check_lora_rank(cfg: Config, where: str = "") -> None:
+    """An adapter pushed through vLLM's LoRA path must have a rank vLLM serves: refused at load."""
+    backend = cfg.rollout.backend
+    lora_to_vllm = (backend in ("vllm", "auto") and cfg.vllm.weight_sync == "lora") or (
+        backend == "server" and cfg.server.weight_sync == "lora"
+    )
+    if lora_to_vllm:
+        try:
+            vllm_max_lora_rank(cfg.lora.r)
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e}") from None
 
 
 def check_async(cfg: Config, where: str = "", training: bool = True) -> None:

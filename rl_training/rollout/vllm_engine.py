@@ -46,7 +46,7 @@ from collections.abc import Iterator
 import torch
 
 from rl_training.base import faults
-from rl_training.config.load import check_vllm_sleep
+from rl_training.config.load import check_vllm_sleep, vllm_max_lora_rank
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
 
@@ -128,7 +128,7 @@ class VLLMBackend:
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.lora_mode = v.weight_sync == "lora"
         if self.lora_mode:
-            kwargs.update(enable_lora=True, max_lora_rank=max(8, cfg.lora.r), max_loras=1)
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(cfg.lora.r), max_loras=1)
         if not self.on_cuda:
             # With chunked prefill, a seeded request whose prefill is split (a step's prompts beyond
             # max_num_batched_tokens: long multi-turn contexts, or a large single-turn batch) gets its sample

@@ -402,3 +402,25 @@ def test_run_name_is_a_single_path_component(tmp_path, name, why, capsys):
     assert capsys.readouterr().err.splitlines() == [f"error: {CFG_DIR / 'testconfig.yaml'}: {e.value}"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "out"]  # nothing written, inside or out
     load_config(None, ["run.name=my-run_2.v1"])  # dots, dashes inside a name are fine
+
+
+def test_lora_ranks_vllm_cannot_serve_round_up_or_are_refused():
+    """Issue 41, item 2: vLLM 0.32 takes max_lora_rank only from {1, 8, 16, 32, 64, 128, 256, 320, 512}; lora.r=24
+    failed at engine build. The engine gets the next one up; a rank past 512 is refused at load, in one line."""
+    import typing
+
+    from rl_training.config.load import VLLM_LORA_RANKS, vllm_max_lora_rank
+
+    lora = pytest.importorskip("vllm.config.lora")
+    assert VLLM_LORA_RANKS == typing.get_args(lora.MaxLoRARanks)  # the installed vLLM's own list
+    assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 24, 48, 300, 320, 321, 512)] == [
+        1, 8, 8, 16, 32, 64, 320, 320, 512, 512,
+    ]  # fmt: skip
+    for sync in (
+        ["vllm.weight_sync=lora", "vllm.sleep_level=1"],
+        ["rollout.backend=server", "server.urls=[http://h:1]"],
+    ):
+        with pytest.raises(ConfigError, match=r"^lora.r=600: vLLM serves LoRA ranks up to 512; lower lora.r"):
+            load_config(None, [*sync, "lora.r=600"])
+        load_config(None, [*sync, "lora.r=512"])
+    load_config(None, ["lora.r=600"])  # merged weights (the default sync): any rank
