@@ -24,6 +24,7 @@ import torch
 from rl_training.algs.common import token_logprobs
 from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
+from rl_training.base import dist
 from rl_training.config.schema import LoraCfg
 from rl_training.policy.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
@@ -184,8 +185,12 @@ class Moody(Task):
 # ----------------------------------------------------------- launching torchrun, and reading a launched run back
 
 
-def torchrun_cmd(nproc: int, script: str | Path, *args: str) -> list[str]:
+def torchrun_cmd(nproc: int, script: str | Path, *args: str, gpu: bool = False) -> list[str]:
+    """torchrun's command line. Its workers stay on the CPU on a GPU machine too (RL_DEVICE=cpu, base/dist.py)
+    unless `gpu` (a gpu-marked test): a CPU test's ranks would otherwise take the GPUs, and rank 1 of a 2-rank
+    test stop on a 1-GPU box. Through `env`, so the caller's own environment for the launch still applies."""
     return [
+        *([] if gpu else ["env", f"{dist.DEVICE_ENV}=cpu"]),
         sys.executable,
         "-m",
         "torch.distributed.run",

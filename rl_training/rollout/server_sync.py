@@ -208,20 +208,34 @@ class NcclPublisher:
             engine.shutdown()
 
 
-def after_default_stream(pairs):
-    """(name, tensor) pairs, each produced only after the stream it is produced on has waited for the default
-    stream. vLLM's NCCL producer pulls (and so computes) the merged weights on its own side streams
-    (weight_transfer/packed_tensor.py), while the optimizer wrote the parameters they read on the default
-    stream: without the wait the broadcast could read weights still being written (issue 29, N5). A no-op on CPU."""
+def ordered_on_side_streams(pairs):
+    """(name, tensor) pairs for vLLM's NCCL producer (weight_transfer/packed_tensor.py), which pulls them inside its
+    side streams, in turn: a chunk of pairs on one, the next chunk on the other. Each pull is ordered after
+    - the default stream, where the optimizer wrote the parameters the merge reads (issue 29, N5), and
+    - the previous pull's stream: `merged_hf_weights` computes the batched LoRA merge (lora_merge.py) at its first
+      pull, on the stream current then, and yields views of it later, possibly on the other stream; without an
+      event between them the broadcast could read a merge still being computed (issue 41, item 1: q/v-only
+      targets on a model whose merged set fits one batch).
+    Each tensor is also recorded on the stream that reads it, so the caching allocator does not hand its memory
+    to the producing stream while the other still reads it. A no-op on CPU."""
     it = iter(pairs)
+    produced = None  # an event after the previous pull, on the stream it ran on
     while True:
-        if torch.cuda.is_available():
-            torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
+        cuda = torch.cuda.is_available()
+        if cuda:
+            stream = torch.cuda.current_stream()
+            stream.wait_stream(torch.cuda.default_stream())
+            if produced is not None:
+                stream.wait_event(produced)
         try:
-            item = next(it)
+            name, tensor = next(it)
         except StopIteration:
             return
-        yield item
+        if cuda:
+            produced = stream.record_event()
+            if tensor.is_cuda:
+                tensor.record_stream(stream)
+        yield name, tensor
 
 
 def merged_weight_source(model):
@@ -239,7 +253,7 @@ def merged_weight_source(model):
             return self._meta
 
         def __iter__(self):
-            return after_default_stream(merged_hf_weights(model))
+            return ordered_on_side_streams(merged_hf_weights(model))
 
     return _Merged()
 

@@ -47,9 +47,8 @@ def test_two_rank_nccl_run(run_overrides, tmp_path):
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = torchrun_cmd(
-        2, RL_RUNNER, "--cfg", TESTCFG, *run_overrides, *CUDA_VLLM, "vllm.memory_fraction=0.2", "train.total_steps=3"
-    )
+    over = [*run_overrides, *CUDA_VLLM, "vllm.memory_fraction=0.2", "train.total_steps=3"]
+    cmd = torchrun_cmd(2, RL_RUNNER, "--cfg", TESTCFG, *over, gpu=True)
     r = subprocess.run(
         cmd, cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=1800
     )
@@ -91,7 +90,9 @@ def test_sleep_releases_and_wake_takes_back_the_engine_memory(run_overrides):
 
 
 def test_bf16_canary_with_cuda_graphs_and_when_sync_is_skipped(run_overrides, monkeypatch):
-    cfg = load_config(TESTCFG, [*run_overrides, *CUDA_VLLM, *BF16_GRAPHS])
+    # Level 1: the skipped sync must leave the engine on the previous step's weights (restored from the host
+    # backup), not on the memory level 2 discarded: only then is the "stale" step stale weights (issue 41, item 1)
+    cfg = load_config(TESTCFG, [*run_overrides, *CUDA_VLLM, *BF16_GRAPHS, *LEVEL_1])
     run = rl_runner.setup(cfg, dist.init_distributed())
     try:
         synced = [rl_runner.rl_step(run, i) for i in range(3)]  # sleep, wake and sync at every step
@@ -114,7 +115,7 @@ def test_nccl_all_reduce_on_two_gpus():
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    cmd = torchrun_cmd(2, REPO / "scripts" / "gpu_check.py", "--nccl-worker")
+    cmd = torchrun_cmd(2, REPO / "scripts" / "gpu_check.py", "--nccl-worker", gpu=True)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # ranks contribute 1 and 2: both hold 3 after the sum

@@ -1,5 +1,6 @@
 """Publishing weights to vLLM servers, the parts a CPU can check (issue 29): a publish failure of any kind reaches
-every rank at once (N6), and the NCCL push computes each merged weight only after the default stream (N5)."""
+every rank at once (N6), and the NCCL push reads each merged weight only after the default stream (N5) and after
+its merge, on whichever side stream that ran (issue 41, item 1)."""
 
 from __future__ import annotations
 
@@ -24,31 +25,59 @@ def test_any_publish_failure_reaches_every_rank(tmp_path):
     assert r1["s"] < 30
 
 
-def test_each_merged_weight_is_computed_after_the_default_stream(monkeypatch):
-    """vLLM pulls the merged weights inside its side streams: before each one is computed, the current (side)
-    stream must wait for the default stream, where the optimizer wrote the parameters."""
-    events = []
+class Stream:
+    """A CUDA stream for ordering only: its own ops, and the ops of others it has waited for."""
 
-    class Stream:
-        def __init__(self, name):
-            self.name = name
+    def __init__(self, name):
+        self.name, self.ops, self.waited = name, [], set()
 
-        def wait_stream(self, other):
-            events.append(f"{self.name} waits for {other.name}")
+    def seen(self) -> set[str]:
+        return set(self.ops) | self.waited
 
+    def wait_stream(self, other):
+        self.waited |= other.seen()
+
+    def record_event(self):
+        return frozenset(self.seen())
+
+    def wait_event(self, event):
+        self.waited |= event
+
+
+class Weight:
+    is_cuda = True
+
+    def __init__(self, name):
+        self.name, self.read_on = name, []
+
+    def record_stream(self, stream):
+        self.read_on.append(stream.name)
+
+
+def test_every_merged_weight_is_read_after_its_merge_and_the_optimizer(monkeypatch):
+    """Issue 29 N5, issue 41 item 1: vLLM's producer pulls the merged weights inside its two side streams in turn.
+    The batched merge runs at the first pull (on side stream A) and its views are read on A and, once the chunk is
+    full, on B; each read must be ordered after the merge and after the optimizer step on the default stream."""
+    default, a, b = Stream("default"), Stream("A"), Stream("B")
+    default.ops.append("optimizer step")
+    current = [a]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream("side"))
-    monkeypatch.setattr(torch.cuda, "default_stream", lambda: Stream("default"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda: default)
+    weights = [Weight(n) for n in ("q_proj.0", "v_proj.0", "q_proj.1", "v_proj.1")]
 
-    def merged():
-        for name in ("q_proj", "v_proj"):
-            events.append(f"merge {name}")
-            yield name, torch.zeros(1)
+    def merged():  # merged_hf_weights' order of work: one batched merge, then its views one by one
+        current[0].ops.append("merge")
+        yield from ((w.name, w) for w in weights)
 
-    assert [n for n, _ in server_sync.after_default_stream(merged())] == ["q_proj", "v_proj"]
-    assert events == [
-        "side waits for default", "merge q_proj", "side waits for default", "merge v_proj", "side waits for default"
-    ]  # fmt: skip
+    pulls = server_sync.ordered_on_side_streams(merged())
+    for stream, w in zip([a, a, b, b], weights, strict=True):
+        current[0] = stream
+        assert next(pulls) == (w.name, w)
+        assert {"merge", "optimizer step"} <= stream.seen(), f"{w.name} read on {stream.name} unordered"
+        stream.ops.append(f"pack {w.name}")
+    assert [w.read_on for w in weights] == [["A"], ["A"], ["B"], ["B"]]  # the allocator knows who reads them
+    assert next(pulls, None) is None
 
 
 def test_the_nccl_weight_source_iterates_through_the_ordering(monkeypatch):
@@ -57,6 +86,6 @@ def test_the_nccl_weight_source_iterates_through_the_ordering(monkeypatch):
 
     seen = []
     monkeypatch.setattr(models, "merged_hf_weights", lambda model: iter([("w", torch.ones(2))]))
-    monkeypatch.setattr(server_sync, "after_default_stream", lambda pairs: (seen.append("ordered"), pairs)[1])
+    monkeypatch.setattr(server_sync, "ordered_on_side_streams", lambda pairs: (seen.append("ordered"), pairs)[1])
     source = server_sync.merged_weight_source(object())
     assert [n for n, _ in source] == ["w"] and seen == ["ordered"]

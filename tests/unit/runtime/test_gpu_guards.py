@@ -143,10 +143,44 @@ def test_multi_rank_cpu_tests_run_on_a_one_gpu_machine(monkeypatch):
     assert 'RL_DEVICE="cpu"' in inspect.getsource(_timeout_worker)
 
 
-def test_the_gpu_sleep_test_sleeps_at_level_1():
-    """Issue 29 T1: tests/integration/test_gpu.py puts the engine to sleep and wakes it without a sync, then
-    generates: only level 1 keeps the weights (level 2, the default, discards them). Read from its source: the
-    test itself needs CUDA."""
+def test_gpu_tests_that_generate_without_a_sync_sleep_at_level_1():
+    """Issue 29 T1 and issue 41 item 1: a test of tests/integration/test_gpu.py that wakes the engine without a sync
+    (a bare sleep/wake, or sync_weights patched out to sample stale weights) and then generates reads the weights
+    only at level 1; level 2, the default, discards them, and the test would sample freed memory. Read from the
+    source (the tests themselves need CUDA): every such test's config has *LEVEL_1."""
+    import ast
+
     source = (REPO / "tests" / "integration" / "test_gpu.py").read_text()
-    body = source.split("def test_sleep_releases_and_wake_takes_back_the_engine_memory")[1].split("\ndef ")[0]
-    assert "*LEVEL_1" in body and 'LEVEL_1 = ["vllm.sleep_level=1"]' in source
+    assert 'LEVEL_1 = ["vllm.sleep_level=1"]' in source
+    tree = ast.parse(source)
+    unsynced = []
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+            continue
+        text = ast.unparse(fn)
+        if "backend.sleep()" in text or "'sync_weights'" in text:
+            unsynced.append(fn.name)
+            assert "*LEVEL_1" in text, f"{fn.name} wakes the engine without a sync at the default sleep level 2"
+    assert unsynced == [
+        "test_sleep_releases_and_wake_takes_back_the_engine_memory",
+        "test_bf16_canary_with_cuda_graphs_and_when_sync_is_skipped",
+    ]
+
+
+def test_torchrun_tests_keep_their_ranks_on_the_cpu(tmp_path):
+    """Issue 41, item 1: the 2-rank tests that launch the runner under torchrun took the GPUs on a GPU machine (or
+    stopped at rank 1 on a 1-GPU box): only the spawned workers set RL_DEVICE=cpu. Every torchrun launch of the
+    tests does now, through torchrun's workers; a gpu-marked test asks for the GPUs."""
+    import subprocess
+
+    from tests.helpers import torchrun_cmd
+
+    script = tmp_path / "where.py"
+    out = tmp_path / "rank{}.txt"  # one file per rank: their stdout lines interleave
+    write = f"open({str(out)!r}.format(os.environ['RANK']), 'w').write(str(os.environ.get('RL_DEVICE')))"
+    script.write_text(f"import os\n{write}\n")
+    env = {k: v for k, v in os.environ.items() if k != dist.DEVICE_ENV}
+    r = subprocess.run(torchrun_cmd(2, script), env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [(tmp_path / f"rank{i}.txt").read_text() for i in range(2)] == ["cpu", "cpu"]
+    assert dist.DEVICE_ENV not in " ".join(torchrun_cmd(2, script, gpu=True))
