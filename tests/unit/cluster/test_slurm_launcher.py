@@ -83,6 +83,30 @@ def test_proxy_bypass_for_the_jobs_own_nodes():
     assert "no_proxy" not in env  # no proxy, nothing to bypass
 
 
+def launch_in(tmp_path, args: list[str], **extra: str) -> int:
+    """slurm_launch.main on node 0 (n1) of a 2-node job, in a minimal SLURM environment plus `extra`. main()
+    replaces the environment with the workers' and blocks the stop signals: both are undone after."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "SLURM_JOB_ID": "9",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "0",
+        "SLURMD_NODENAME": "n1",
+        "RL_RDZV_ENDPOINT": "127.0.0.1:20009",
+        "RL_NODE_LOCAL_ROOT": str(tmp_path),
+        **extra,
+    }
+    saved_env, saved_mask = dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        return slurm_launch.main(["--", *args])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+
+
 def test_launcher_log_redacts_credentials_in_the_arguments(tmp_path, monkeypatch, capsys):
     """The launcher echoes the runner's arguments into slurm-%j.out: a pasted credential must not follow."""
     secret = "SENTINEL-secret-5d1e"
@@ -101,24 +125,7 @@ def test_launcher_log_redacts_credentials_in_the_arguments(tmp_path, monkeypatch
     ]
     torchrun_argv = []
     monkeypatch.setattr(slurm_launch, "run_torchrun", lambda argv: torchrun_argv.extend(argv) or 0)
-    env = {
-        "PATH": os.environ["PATH"],
-        "SLURM_JOB_ID": "9",
-        "SLURM_NNODES": "2",
-        "SLURM_NODEID": "0",
-        "SLURMD_NODENAME": "n1",
-        "RL_RDZV_ENDPOINT": "127.0.0.1:20009",
-        "RL_NODE_LOCAL_ROOT": str(tmp_path),
-    }
-    saved_env, saved_mask = dict(os.environ), signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    try:  # main() replaces the environment with the workers' and blocks the stop signals: undo both
-        os.environ.clear()
-        os.environ.update(env)
-        assert slurm_launch.main(["--", *args]) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        signal.pthread_sigmask(signal.SIG_SETMASK, saved_mask)
+    assert launch_in(tmp_path, args) == 0
     out, err = capsys.readouterr()
     assert secret not in out + err
     line = next(x for x in out.splitlines() if x.startswith("slurm_launch[n1 0/2]: torchrun "))
@@ -149,3 +156,20 @@ def test_node_exit_status_from_worker_exit_codes():
     # the weight-state guard's 70 is kept the same way; mixed with a 75 it is no clean stop of either kind
     assert exit_status([70]) == 70 and exit_status([-15, 70]) == 70
     assert exit_status([70, 75]) == 1 and exit_status([1, 70]) == 1
+
+
+def test_trainer_gpus_are_set_inside_the_task(tmp_path, monkeypatch):
+    """Issue 41, item 4: srun gives the trainers' task every GPU of the step (CUDA_VISIBLE_DEVICES=0,1,2,3 and
+    SLURM_GPUS_ON_NODE=4), past what rl_train.sbatch exported; with RL_TRAINER_GPUS=0 (3 vLLM servers on GPUs 1-3)
+    torchrun must start one worker that sees GPU 0 only."""
+    seen = {}
+
+    def fake_torchrun(argv):
+        seen.update(argv=argv, cvd=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return 0
+
+    monkeypatch.setattr(slurm_launch, "run_torchrun", fake_torchrun)
+    srun = {"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # the task's, from srun
+    assert launch_in(tmp_path, ["--cfg", "c.yaml"], **srun, RL_TRAINER_GPUS="0") == 0
+    assert "--nproc-per-node=1" in seen["argv"] and seen["cvd"] == "0"
+    assert nproc_per_node({"RL_TRAINER_GPUS": "2,3", "SLURM_GPUS_ON_NODE": "4"}) == 2
