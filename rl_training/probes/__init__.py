@@ -1,2 +1,2 @@
-"""Gradient noise scale and effective sample size: capture hooks, the estimators (gns.py, ess.py, pure), the guard
-and the dashboard. May import: base, algs. Owns: the probe/* metrics."""
+"""Gradient noise scale and effective sample size: capture hooks, the estimators (gns.py, ess.py, anova.py, advisor.py,
+lora_health.py: pure), the guard and the dashboard. May import: base, algs. Owns: the probe/* and lora/* metrics."""

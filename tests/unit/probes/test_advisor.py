@@ -149,16 +149,3 @@ def test_advise_budget_far_rule_and_trust():
     # no estimate (tr S_b <= 0): NaN advice, never an alert
     a = advise({**est, "trace_between": -0.1}, (1.0, 2.0), True, c, current_k=32, **kw)
     assert math.isnan(a.k_star) and not a.far
-
-
-def test_from_the_anova_state_to_the_advice():
-    # Synthetic steps (tests/unit/probes/test_anova.py run_state: B = 8, K = 4, tr S_w = 4, tr S_b = 0.25,
-    # |G|^2 = 1) through nested_anova and AnovaState, then advise with c_p/c_r = 4: the true K* is
-    # sqrt(4 * 16) = 8. After 400 steps the state is trusted, the K* band holds 8, and the current K = 4 is
-    # not flagged (f(4)/f(8) = (1 + 4)(8) / ((1 + 2)(12)) = 1.11: efficiency 0.9 > 0.8).
-    from tests.unit.probes.test_anova import run_state
-
-    st = run_state(11, 400, sb_scale=0.25)
-    a = advise(st.estimate, st.ratio_band, st.trusted, SplitCosts(4.0, 1.0), current_k=4, completions_per_step=32)
-    assert a.trusted and a.k_lo <= 8 <= a.k_hi and 5 <= a.k_star <= 12, a
-    assert not a.far and a.efficiency > FAR_EFFICIENCY

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from rl_training.probes.advisor import FAR_EFFICIENCY, SplitCosts, advise
 from rl_training.probes.anova import AnovaEstimate, AnovaState, GroupGradSums, nested_anova
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 
@@ -193,3 +194,14 @@ def test_state_dict_round_trip_and_beta_change():
     fresh = AnovaState(beta=0.9)
     assert not fresh.load_state_dict(st.state_dict())
     assert fresh.t == 0 and fresh.beta == 0.9 and fresh.skipped == st.skipped
+
+
+def test_from_the_anova_state_to_the_advice():
+    # Synthetic steps (run_state: B = 8, K = 4, tr S_w = 4, tr S_b = 0.25,
+    # |G|^2 = 1) through nested_anova and AnovaState, then advise with c_p/c_r = 4: the true K* is
+    # sqrt(4 * 16) = 8. After 400 steps the state is trusted, the K* band holds 8, and the current K = 4 is
+    # not flagged (f(4)/f(8) = (1 + 4)(8) / ((1 + 2)(12)) = 1.11: efficiency 0.9 > 0.8).
+    st = run_state(11, 400, sb_scale=0.25)
+    a = advise(st.estimate, st.ratio_band, st.trusted, SplitCosts(4.0, 1.0), current_k=4, completions_per_step=32)
+    assert a.trusted and a.k_lo <= 8 <= a.k_hi and 5 <= a.k_star <= 12, a
+    assert not a.far and a.efficiency > FAR_EFFICIENCY
