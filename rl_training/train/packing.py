@@ -3,11 +3,12 @@
 The padded layout runs the model on [B, T] with T the longest sequence: a batch of mostly short completions
 and a few long ones spends most of its forward/backward on pads. Packed, the sequences are laid end to end
 into R rows of width W (first-fit decreasing by length), each with position ids restarting at 0, and the
-model is called with `position_ids` and no attention mask. transformers 5 then builds a block-diagonal causal
-mask from the position ids (masking_utils.find_packed_sequence_indices: a position that does not follow its
-predecessor by 1 starts a new block) for sdpa and eager attention, and flash-attention takes its
-variable-length path from the same position ids on GPU. A sequence attends to itself only, exactly as in its
-padded row.
+model is called with `position_ids`, no attention mask, and the blocks' boundaries (`cu_seq_lens`,
+`max_length`). transformers 5 builds a block-diagonal causal mask from the position ids
+(masking_utils.find_packed_sequence_indices: a position that does not follow its predecessor by 1 starts a new
+block) for sdpa and eager attention, which ignore the boundaries; flash-attention takes its variable-length
+path from the boundaries (`cu_seq_lens_q/k`, `max_length_q/k`: transformers' FlashAttentionKwargs). A sequence
+attends to itself only, exactly as in its padded row.
 
 Only the model runs packed. Per-token outputs (log-probs, entropy) are computed on the packed rows, then
 `unpack` gathers them back into the padded [B, T-1] layout the losses, the canary and the probes read, so
@@ -37,6 +38,10 @@ class PackedRows:
     targets: torch.Tensor  # [R, W-1] input_ids shifted left (across a boundary: never gathered)
     index: torch.Tensor  # [B, T-1] flat index into [R*(W-1)] of padded prediction position (b, t); R*(W-1) = none
     group_tokens: torch.Tensor  # [n_groups, Tg] flat index into [R*W] of each prompt group's tokens; R*W = none
+    # flash-attention's varlen boundaries, known here without a look at the device: transformers would otherwise
+    # recompute them from position_ids in every layer, behind a host sync (`if _is_packed_sequence(...)`)
+    cu_seq_lens: torch.Tensor  # [n_blocks + 1] int32 starts of every block (sequence, row-end pads) in [R*W], then R*W
+    max_length: int  # the longest block (a Python int: flash_attn_varlen_func takes max_seqlen as an int)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """[R, W-1] per-position values -> [B, T-1] in the padded layout, 0 where the padded layout has a pad."""
@@ -85,16 +90,20 @@ def pack_sequences(
     none_pred, none_tok = R * (W - 1), R * W
     index = [[none_pred] * (T - 1) for _ in seqs]
     token_at: list[list[int]] = [[] for _ in seqs]  # flat [R*W] positions of each sequence's tokens
+    starts: list[int] = []  # every block's first position in the flattened rows
     for r, members in enumerate(rows):
         o = 0
         for b in members:
             n = lengths[b]
+            starts.append(r * W + o)
             ids[r][o : o + n] = seqs[b]
             pos[r][o : o + n] = range(n)
             index[b][: n - 1] = range(r * (W - 1) + o, r * (W - 1) + o + n - 1)
             token_at[b] = list(range(r * W + o, r * W + o + n))
             o += n
         pos[r][o:] = range(W - o)  # the pads: a block of their own, starting at 0
+        if o < W:
+            starts.append(r * W + o)
     n_groups = len(seqs) // group_size
     groups = [[t for b in range(g * group_size, (g + 1) * group_size) for t in token_at[b]] for g in range(n_groups)]
     tg = max(len(g) for g in groups)
@@ -106,11 +115,15 @@ def pack_sequences(
         targets=input_ids[:, 1:],
         index=torch.tensor(index, dtype=torch.long),
         group_tokens=torch.tensor(group_tokens, dtype=torch.long),
+        cu_seq_lens=torch.tensor([*starts, R * W], dtype=torch.int32),
+        max_length=max(b - a for a, b in zip(starts, [*starts[1:], R * W], strict=True)),
     )
 
 
 def packed_to(p: PackedRows, device: torch.device) -> PackedRows:
-    return PackedRows(**{k: getattr(p, k).to(device) for k in p.__dataclass_fields__})
+    return PackedRows(
+        **{k: getattr(p, k).to(device) for k in p.__dataclass_fields__ if k != "max_length"}, max_length=p.max_length
+    )
 
 
 def padded_tokens(seqs: list[list[int]]) -> tuple[int, int]:

@@ -137,10 +137,13 @@ def make_micro_batches(
 
 def forward_logits(model, mb: MicroBatch) -> torch.Tensor:
     """Logits of the rows the model runs on, last position dropped: [B,T-1,V] padded, [R,W-1,V] packed (no
-    attention mask: transformers builds the block-diagonal causal mask from the restarting position ids)."""
+    attention mask: transformers builds the block-diagonal causal mask from the restarting position ids; the
+    packer's block boundaries go to flash-attention's varlen path, packing.py)."""
     if mb.packed is not None:
         p = mb.packed
-        return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False).logits[:, :-1]
+        n = p.max_length
+        bounds = dict(cu_seq_lens_q=p.cu_seq_lens, cu_seq_lens_k=p.cu_seq_lens, max_length_q=n, max_length_k=n)
+        return model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=False, **bounds).logits[:, :-1]
     return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits[:, :-1]
 
 
