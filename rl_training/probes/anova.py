@@ -42,6 +42,15 @@ class GroupGradSums:
         )
 
 
+def group_sums_from_contributions(
+    seq_sq_norm_sum: float, group_sq_norm_sum: float, groups: float, k: int, unit_scale: float
+) -> GroupGradSums:
+    """GroupGradSums from what the hooks read: the summed squared norms of each sequence's (h_ij) and each
+    group's (h_i = sum_j h_ij) contribution to a rank's accumulated gradient. The unit gradient is
+    gbar_i = unit_scale h_i (unit_scale = U/W, docs/probes.md 2), so g_ij = K unit_scale h_ij."""
+    return GroupGradSums((k * unit_scale) ** 2 * seq_sq_norm_sum, unit_scale**2 * group_sq_norm_sum, groups, k)
+
+
 @dataclass(frozen=True)
 class AnovaEstimate:
     trace_between: float  # tr S_b, unbiased, possibly negative
