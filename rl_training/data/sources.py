@@ -4,7 +4,8 @@ A source is a path (.jsonl, .json, .parquet) or a Hugging Face `datasets` spec '
 the local cache in offline mode). What a record means is the task's business (`Task.parse`, rl_training/tasks):
 this module only reads records, names where each came from ('file:line', 'file:row i', 'spec:row i') and makes
 every malformed file an error naming that place. The one exception is a row `python -m rl_training.synthesize`
-wrote (`synthesized_row`): it holds the Example the task's parse made, and is read back as that Example.
+wrote (`synthesized_row`): it holds the Example the task's parse made, and is read back as that Example. A spec
+'task:SPLIT' is no source at all: the task makes that split itself (reasoning-gym's generated problems).
 """
 
 from __future__ import annotations
@@ -122,9 +123,15 @@ def synthesized_example(rec: dict, where: str) -> Example:
     return Example(rec["question"], rec["reference"], rec["answer"], where, rec.get("meta", {}))
 
 
+TASK_SPLIT = "task:"  # a data spec 'task:SPLIT' names a split the task makes itself (Task.examples)
+
+
 def load_examples(spec: str, parse: Callable[[dict, str], Example], limit: int = 0) -> list[Example]:
     """The Examples `parse` (a task's `parse`) makes of the first `limit` records (0 = all), a row synthesize
-    wrote read as its own Example instead; an Example without a source gets the record's place."""
+    wrote read as its own Example instead; an Example without a source gets the record's place. A spec
+    'task:SPLIT' reads no records: the task whose bound `parse` this is makes the split (`examples(SPLIT)`)."""
+    if spec.startswith(TASK_SPLIT):
+        return _task_split(spec, parse, limit)
     out = []
     for where, rec in read_records(spec):
         if not isinstance(rec, dict):
@@ -138,3 +145,17 @@ def load_examples(spec: str, parse: Callable[[dict, str], Example], limit: int =
     if not out:
         raise DataError(f"{spec}: no records")
     return out
+
+
+def _task_split(spec: str, parse: Callable, limit: int) -> list[Example]:
+    """The first `limit` problems of a split the task makes itself; every caller passes the task's bound parse,
+    so the task is found through it and no entry point needs a second argument."""
+    make = getattr(getattr(parse, "__self__", None), "examples", None)
+    if make is None:
+        raise DataError(f"data spec {spec!r} names a task's own split, and {parse!r} is not a task's parse")
+    out = make(spec[len(TASK_SPLIT) :])
+    if not all(isinstance(ex, Example) for ex in out):
+        raise DataError(f"data spec {spec!r}: the task's examples() returned something that is not an Example")
+    if not out:
+        raise DataError(f"{spec}: no problems")
+    return out[:limit] if limit else out

@@ -84,6 +84,13 @@ class Task:
         answer = str(record[self.answer_key])
         return Example(str(record[self.question_key]), answer, answer, where)
 
+    def examples(self, split: str) -> list[Example]:
+        """The problems of `split` when the task makes its own (data spec 'task:SPLIT', data/sources.py: the
+        generated reasoning-gym splits); a task that reads data files makes none."""
+        raise DataError(
+            f"data spec 'task:{split}': {type(self).__name__} makes no problems of its own; name data files"
+        )
+
     def problem_key(self, example: Example) -> Hashable:
         """What makes two records the same problem (one of them is dropped, pitfall P7): the question text."""
         return example.question

@@ -3,10 +3,11 @@
     task = build_task(cfg)                    # task.name + task.args; before any model loads
     task.start(task_context(info, tokenizer, cfg))  # its resources (a sandbox pool, a retriever)
 
-task.name is a built-in name (BUILTIN) or a user task: 'path/to/file.py:NAME' or 'package.module:NAME', read by
-the plugin loader every extension point shares (rl_training/config/plugins.py), where NAME is a Task (or
-Environment) subclass, a factory returning one, or an instance; task.args (a mapping) is handed to the class or
-factory as keyword arguments. A bad spec is one ConfigError line naming it and the cause.
+task.name is a built-in name (BUILTIN), a member of a built-in family ('reasoning-gym/<dataset>': FAMILIES) or a
+user task: 'path/to/file.py:NAME' or 'package.module:NAME', read by the plugin loader every extension point shares
+(rl_training/config/plugins.py), where NAME is a Task (or Environment) subclass, a factory returning one, or an
+instance; task.args (a mapping) is handed to the class or factory as keyword arguments. A bad spec is one
+ConfigError line naming it and the cause.
 """
 
 from __future__ import annotations
@@ -71,6 +72,23 @@ def _python_tool(fmt: str) -> Callable[[Config, dict], Task]:
     return make
 
 
+def _reasoning_gym(dataset: str | None) -> Callable[[Config, dict], Task]:
+    def make(cfg: Config, args: dict) -> Task:
+        from rl_training.tasks.reasoning_gym import UnknownDataset, reasoning_gym_task
+
+        h = plugins.head(TASK, "reasoning-gym" if dataset is None else f"reasoning-gym/{dataset}")
+        try:
+            return reasoning_gym_task(dataset, args)
+        except UnknownDataset as e:  # a name's error, not its arguments' (in task.args.datasets it is theirs)
+            if dataset is None:
+                raise
+            raise ConfigError(f"{h}: {e}") from None
+        except ImportError as e:  # reasoning_gym is imported on first use
+            raise ConfigError(f"{h} needs the reasoning-gym package ({one_line(e)}; requirements.txt)") from None
+
+    return make
+
+
 # name -> factory(config, task.args): the families under rl_training/tasks/
 BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "gsm8k": _math("gsm8k"),
@@ -83,7 +101,12 @@ BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "stdio": _code("stdio"),
     "python_gsm8k": _python_tool("gsm8k"),
     "python_math": _python_tool("math"),
+    "reasoning-gym": _reasoning_gym(None),  # a weighted composite: task.args.datasets (docs/extending.md)
 }
+
+# family -> factory(member): 'FAMILY/MEMBER' names one member ('reasoning-gym/spell_backward'); no ':' in it, so it
+# can never be read as a user's 'file.py:NAME'.
+FAMILIES: dict[str, Callable[[str], Callable[[Config, dict], Task]]] = {"reasoning-gym": _reasoning_gym}
 
 
 TASK = Kind.of_class("task.name", "task", "task.args", Task, what="rl_training.tasks.Task")
@@ -98,10 +121,16 @@ def make_task(name: str, args: dict[str, Any] | None = None, cfg: Config | None 
     """The task `name` with keyword arguments `args`; `cfg` gives the built-in tasks their config sections
     (search.*, sandbox.*, data.question_key/answer_key; the defaults when None)."""
     args, cfg = dict(args or {}), cfg or Config()
-    obj, builtin = plugins.find(TASK, name, BUILTIN)
+    family, slash, member = name.partition("/")
+    if ":" not in name and slash and family in FAMILIES:
+        obj, builtin = FAMILIES[family](member), True
+    else:
+        obj, builtin = plugins.find(TASK, name, BUILTIN)
     if builtin:
         try:
             task = obj(cfg, args)
+        except ConfigError:
+            raise
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{plugins.head(TASK, name)}: task.args={args!r} do not fit it ({one_line(e)})") from None
     else:

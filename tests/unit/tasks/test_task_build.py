@@ -3,6 +3,7 @@ a spec can be wrong as one line naming the spec and the cause; data.format read 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import textwrap
 
@@ -76,9 +77,14 @@ def test_builtin_names_build_their_family():
         "search_subem": SearchTask, "humaneval": CodeTask, "mbpp": CodeTask, "stdio": CodeTask,
         "python_gsm8k": PythonToolEnvironment, "python_math": PythonToolEnvironment,
     }  # fmt: skip
-    assert set(BUILTIN) == set(types)
+    assert set(BUILTIN) == set(types) | {"reasoning-gym"}  # its composite needs task.args.datasets
     for name, cls in types.items():
         assert type(make_task(name)) is cls, name
+    if importlib.util.find_spec("reasoning_gym"):
+        from rl_training.tasks.reasoning_gym import ReasoningGymTask
+
+        assert type(make_task("reasoning-gym", {"datasets": {"spell_backward": {}}})) is ReasoningGymTask
+        assert type(make_task("reasoning-gym/spell_backward")) is ReasoningGymTask  # a member of the family
     assert make_task("gsm8k").fmt == "gsm8k" and make_task("search_subem").match == "subem"
     assert make_task("mbpp").fmt == "mbpp"
 

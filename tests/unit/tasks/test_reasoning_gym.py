@@ -1,0 +1,143 @@
+"""reasoning-gym's datasets by name (rl_training/tasks/reasoning_gym.py): generated train and held-out splits that are
+disjoint and fixed by their seeds, read through the data spec 'task:SPLIT'; the dataset's own score_answer as the
+reward, partial credit kept; a weighted composite; and every bad name or argument as one ConfigError line."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from rl_training.config.schema import ConfigError
+from rl_training.data.sources import DataError, load_examples, synthesized_row
+from rl_training.tasks.base import score_completions
+from rl_training.tasks.build import make_task
+from rl_training.tasks.reasoning_gym import ReasoningGymTask
+
+SPELL = "reasoning-gym/spell_backward"
+
+
+def spell(**args) -> ReasoningGymTask:
+    return make_task(SPELL, {"size": 40, "heldout_size": 10, **args})
+
+
+def test_splits_are_disjoint_and_fixed_by_their_seeds():
+    task = spell()
+    train, held = load_examples("task:train", task.parse), load_examples("task:heldout", task.parse)
+    assert len(held) == 10 and len(train) == 40 - task.overlap_dropped
+    assert not {e.question for e in train} & {e.question for e in held}
+    again = spell()
+    assert [e.question for e in load_examples("task:train", again.parse)] == [e.question for e in train]
+    other = spell(seed=7)
+    assert [e.question for e in load_examples("task:train", other.parse)] != [e.question for e in train]
+    # the held-out set does not move when the train split grows
+    bigger = spell(size=80)
+    assert [e.question for e in bigger.examples("heldout")] == [e.question for e in held]
+    assert [e.question for e in load_examples("task:heldout", task.parse, limit=3)] == [e.question for e in held[:3]]
+
+
+def test_a_train_problem_that_is_held_out_too_is_dropped():
+    # 3-letter words from the same seed in both splits: every held-out problem is also a train problem
+    task = spell(size=30, heldout_size=5, heldout_seed=0, min_word_len=3, max_word_len=3)
+    train, held = task.examples("train"), task.examples("heldout")
+    assert task.overlap_dropped >= 5 and len(train) == 30 - task.overlap_dropped
+    assert not {e.question for e in train} & {e.question for e in held}
+
+
+def test_the_dataset_is_reasoning_gyms_own_at_the_same_seed():
+    import reasoning_gym
+
+    ds = reasoning_gym.create_dataset("spell_backward", size=5, seed=3, max_word_len=6)
+    task = make_task(SPELL, {"size": 5, "seed": 3, "max_word_len": 6, "answer_format": "plain"})
+    assert [e.question for e in task.examples("train")] == [x["question"] for x in ds]
+    assert [e.solution for e in task.examples("train")] == [x["answer"] for x in ds]  # the SFT target
+
+
+def test_score_answer_grades_with_its_partial_credit():
+    task = spell()
+    ex = task.examples("train")[0]
+    word = ex.reference  # e.g. 'cimho': one letter short scores (n-1)/n with spell_backward's own score_answer
+    completions = [ex.solution, f"thinking... <answer>{word[:-1]}</answer>", word, ""]
+    s = score_completions(task, completions, [ex] * 4, timeout_s=5.0)
+    assert s.rewards == pytest.approx([1.0, (len(word) - 1) / len(word), 0.0, 0.0])
+    assert s.correct == [True, False, False, False] and s.formatted == [True, True, False, False]
+    assert ex.solution == f"<answer>{word}</answer>" and "<answer>" in ex.question
+
+    plain = spell(answer_format="plain")
+    pex = plain.examples("train")[0]
+    assert pex.solution == pex.reference and "<answer>" not in pex.question
+    s = score_completions(plain, [f" {pex.reference}\n", pex.reference[:-1]], [pex] * 2, timeout_s=5.0)
+    assert s.rewards == pytest.approx([1.0, (len(pex.reference) - 1) / len(pex.reference)])
+
+
+def test_votes_are_by_the_extracted_answer():
+    task = spell()
+    assert task.answer_classes(["a <answer>x</answer>", "b <answer>x</answer>", "<answer>y</answer>", "none"]) == [
+        0,
+        0,
+        1,
+        None,
+    ]
+
+
+def test_composite_draws_by_weight_and_grades_each_by_its_dataset():
+    args = {"datasets": {"spell_backward": {"weight": 3, "max_word_len": 5}, "letter_counting": None}, "size": 400}
+    task = make_task("reasoning-gym", args)
+    counts = collections.Counter(e.meta["entry"]["metadata"]["source_dataset"] for e in task.examples("train"))
+    assert set(counts) == {"spell_backward", "letter_counting"}
+    assert 2.3 < counts["spell_backward"] / counts["letter_counting"] < 4.0  # 3:1 drawn
+    by = {e.meta["entry"]["metadata"]["source_dataset"]: e for e in task.examples("heldout")}
+    s = score_completions(task, [by["spell_backward"].solution, by["letter_counting"].solution], list(by.values()), 5.0)
+    assert s.rewards == [1.0, 1.0]
+    assert task.weights == {"spell_backward": 3.0, "letter_counting": 1.0}
+
+
+def test_a_synthesized_row_and_a_saved_entry_are_read_back(tmp_path):
+    task = spell()
+    ex = task.examples("train")[0]
+    path = tmp_path / "rows.jsonl"
+    entry = ex.meta["entry"]
+    path.write_text(json.dumps(synthesized_row(ex, ex.solution)) + "\n" + json.dumps(entry) + "\n")
+    synth, saved = load_examples(str(path), task.parse)
+    assert synth.solution == ex.solution and saved.question == ex.question
+    assert task.reward(ex.solution, saved) == 1.0
+    path.write_text(json.dumps({"question": "abc", "answer": "cba"}) + "\n")  # a reverse record: not an entry
+    with pytest.raises(DataError, match="task:train"):
+        load_examples(str(path), task.parse)
+
+
+def test_a_task_that_makes_no_splits_says_so():
+    with pytest.raises(DataError, match="ReverseTask makes no problems of its own"):
+        load_examples("task:train", make_task("reverse").parse)
+    with pytest.raises(DataError, match="makes the splits train, heldout"):
+        load_examples("task:test", spell().parse)
+
+
+@pytest.mark.parametrize(
+    "name, args, message",
+    [
+        (
+            "reasoning-gym/spel_backward",
+            {},
+            "task.name='reasoning-gym/spel_backward': reasoning-gym has no dataset 'spel_backward' "
+            "(close: spell_backward",
+        ),
+        ("reasoning-gym/composite", {}, "a composite is task.name: reasoning-gym with task.args.datasets"),
+        (SPELL, {"max_len": 3}, "spell_backward has no setting max_len (it takes min_word_len, max_word_len"),
+        (SPELL, {"min_word_len": 0}, "spell_backward: min_word_len must be positive"),
+        (SPELL, {"answer_format": "json"}, "answer_format must be one of tag, plain"),
+        (SPELL, {"size": 0}, "size must be a positive integer"),
+        ("reasoning-gym", {}, "name the datasets"),
+        ("reasoning-gym", {"datasets": {"spell_backwards": {}}}, "no dataset 'spell_backwards' (close: spell_backward"),
+        ("reasoning-gym", {"datasets": {"spell_backward": {"weight": -1}}}, "weight must be a positive number"),
+        ("reasoning-gym", {"datasets": {"spell_backward": {"seed": 3}}}, "'seed' belongs to the splits"),
+        ("reasoning_gym/spell_backward", {}, "is not a built-in task (gsm8k"),
+    ],
+)
+def test_bad_names_and_args_are_one_line(name, args, message):
+    with pytest.raises(ConfigError) as e:
+        make_task(name, args)
+    assert message in str(e.value) and "\n" not in str(e.value)
