@@ -37,9 +37,9 @@ def commands(body: str) -> list[str]:
 def test_page_has_the_recipes():
     langs = [lang for lang, _ in doc_blocks()]
     files = [b.split("\n", 1)[0][len("# file: ") :] for _, b in doc_blocks() if b.startswith("# file: ")]
-    assert files == ["sort_letters.py", "sort.yaml", "guess_letter.py", "guess.yaml", "sum_stdin.py", "my_loss.py",
-                     "my_correction.py", "my_backend.py"]  # fmt: skip
-    assert langs.count("bash") == 3 and langs.count("python") >= 9
+    assert files == ["spell.yaml", "sort_letters.py", "sort.yaml", "guess_letter.py", "guess.yaml", "sum_stdin.py",
+                     "my_loss.py", "my_correction.py", "my_backend.py"]  # fmt: skip
+    assert langs.count("bash") == 4 and langs.count("python") >= 10
     # the recipes stay one screen each: the single-turn task about 30 lines, the environment about 60
     assert len(doc_file("sort_letters.py").splitlines()) <= 35
     assert len(doc_file("guess_letter.py").splitlines()) <= 60
@@ -73,12 +73,16 @@ def test_every_block_runs_outside_the_repository(warm_model, tmp_path, monkeypat
                 ran.append(cmd.split()[2])
         else:
             raise AssertionError(f"a {lang} block: the test does not know how to run it")
-    assert ran == ["rl_training.runners.rl_runner"] * 2 + ["evals.run", "rl_training.synthesize"] + [
-        "rl_training.runners.rl_runner",
+    assert ran == ["rl_training.runners.rl_runner", "evals.run"] + ["rl_training.runners.rl_runner"] * 2 + [
         "evals.run",
-        "rl_training.runners.rl_runner",
-    ]
+        "rl_training.synthesize",
+    ] + ["rl_training.runners.rl_runner", "evals.run", "rl_training.runners.rl_runner"]
 
+    # reasoning-gym's spell_backward by name, its generated splits read by the in-loop eval and evals.run too.
+    spell = work / "runs" / "spell"
+    assert [json.loads(x)["step"] for x in (spell / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    step3 = json.loads((spell / "eval" / "task_heldout" / "step_000003.json").read_text())
+    assert step3["settings"]["format"] == "reasoning-gym/spell_backward" and step3["num_problems"] == 64
     # The single-turn task trained 3 steps, then continued to 4 from its checkpoint at step 3.
     sort = work / "runs" / "sort"
     steps = [json.loads(x)["step"] for x in (sort / "metrics.jsonl").read_text().splitlines()]
