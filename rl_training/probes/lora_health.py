@@ -38,7 +38,8 @@ class LoraFactors:
 
 
 def lora_factors(model) -> list[LoraFactors]:
-    """The active adapters' factors of every LoRA linear in a peft model (weights only; no copy)."""
+    """The active adapters' factors of every LoRA linear in a peft model (weights only; no copy). With DoRA the
+    applied update also rescales columns by a learned magnitude; the spectrum is then that of s B A alone."""
     from peft.tuners.lora import LoraLayer
 
     out = []

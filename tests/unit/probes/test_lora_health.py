@@ -37,16 +37,19 @@ def test_rank_measures_worked_values():
 
 
 def test_qr_route_matches_dense_svd():
-    # Unequal shapes (a k_proj-like 64 x 128 and a down_proj-like 128 x 384, r = 8), float64 and float32, and
-    # a scaling of 2.5: sigma(s B A) from the r x r route equals svdvals of the dense product.
+    # Unequal shapes (a k_proj-like 64 x 128 and a down_proj-like 128 x 384, r = 8), float64 and float32, a
+    # module narrower than r (6 x 40: QR's R is 6 x 8, six values), and a scaling of 2.5: sigma(s B A) from the
+    # r x r route equals svdvals of the dense product.
     g = torch.Generator().manual_seed(0)
     facs = []
-    for i, (out_f, in_f, dt) in enumerate([(64, 128, D), (64, 128, D), (128, 384, D), (96, 40, torch.float32)]):
+    shapes = [(64, 128, D), (64, 128, D), (128, 384, D), (96, 40, torch.float32), (6, 40, D)]
+    for i, (out_f, in_f, dt) in enumerate(shapes):
         a = torch.randn(8, in_f, generator=g, dtype=D).to(dt)
         b = torch.randn(out_f, 8, generator=g, dtype=D).to(dt)
         facs.append(LoraFactors(f"m{i}", a, b, 2.5))
     for f, s in zip(facs, spectra(facs), strict=True):
-        dense = torch.linalg.svdvals(f.scaling * f.b.double() @ f.a.double())[:8]
+        assert len(s) == min(f.b.shape[0], f.a.shape[1], 8)
+        dense = torch.linalg.svdvals(f.scaling * f.b.double() @ f.a.double())[: len(s)]
         tol = 1e-10 if f.a.dtype == D else 1e-4
         assert torch.allclose(torch.tensor(s, dtype=D), dense, rtol=tol, atol=tol * dense[0].item())
 
