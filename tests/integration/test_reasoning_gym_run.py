@@ -10,8 +10,6 @@ import pytest
 
 from tests.helpers import SFT_CFG, TESTCFG, read_metrics
 
-pytest.importorskip("reasoning_gym")
-
 TASK = [
     "task.name=reasoning-gym/spell_backward",
     "task.args={max_word_len: 5, size: 64, heldout_size: 16, answer_format: plain}",

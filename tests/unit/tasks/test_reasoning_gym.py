@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import collections
 import json
+import sys
 
 import pytest
-
-pytest.importorskip("reasoning_gym")
 
 from rl_training.config.schema import ConfigError
 from rl_training.data.sources import DataError, load_examples, synthesized_row
@@ -141,3 +140,10 @@ def test_bad_names_and_args_are_one_line(name, args, message):
     with pytest.raises(ConfigError) as e:
         make_task(name, args)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_without_the_package_the_name_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what an environment without the requirement sees
+    with pytest.raises(ConfigError) as e:
+        make_task(SPELL)
+    assert str(e.value).startswith(f"task.name={SPELL!r} needs the reasoning-gym package") and "\n" not in str(e.value)

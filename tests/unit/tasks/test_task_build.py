@@ -3,7 +3,6 @@ a spec can be wrong as one line naming the spec and the cause; data.format read 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import textwrap
 
@@ -15,6 +14,7 @@ from rl_training.tasks.build import BUILTIN, build_task, make_task
 from rl_training.tasks.code.task import CodeTask
 from rl_training.tasks.math import MathTask
 from rl_training.tasks.python_tool import PythonToolEnvironment
+from rl_training.tasks.reasoning_gym import ReasoningGymTask
 from rl_training.tasks.reverse import ReverseTask
 from rl_training.tasks.search.task import SearchTask
 from tests.helpers import TESTCFG
@@ -80,11 +80,8 @@ def test_builtin_names_build_their_family():
     assert set(BUILTIN) == set(types) | {"reasoning-gym"}  # its composite needs task.args.datasets
     for name, cls in types.items():
         assert type(make_task(name)) is cls, name
-    if importlib.util.find_spec("reasoning_gym"):
-        from rl_training.tasks.reasoning_gym import ReasoningGymTask
-
-        assert type(make_task("reasoning-gym", {"datasets": {"spell_backward": {}}})) is ReasoningGymTask
-        assert type(make_task("reasoning-gym/spell_backward")) is ReasoningGymTask  # a member of the family
+    assert type(make_task("reasoning-gym", {"datasets": {"spell_backward": {}}})) is ReasoningGymTask
+    assert type(make_task("reasoning-gym/spell_backward")) is ReasoningGymTask  # a member of the family
     assert make_task("gsm8k").fmt == "gsm8k" and make_task("search_subem").match == "subem"
     assert make_task("mbpp").fmt == "mbpp"
 
