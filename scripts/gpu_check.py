@@ -3,7 +3,7 @@
     make gpu-check                                   # = .venv/bin/python scripts/gpu_check.py
     .venv/bin/python scripts/gpu_check.py [--skip-tests] [--keep DIR] [--run-on-cpu]
 
-About 5 minutes on one H100: the CUDA torch build, the NVIDIA driver against what torch's CUDA needs, vLLM's
+About 5 minutes on one Hopper GPU: the CUDA torch build, the NVIDIA driver against what torch's CUDA needs, vLLM's
 compiled ops (`import vllm._C`), a Triton kernel compiled and run, the gpu-marked tests, then a few bf16 RL
 steps of the tiny model (built here, with a short SFT warm start) with CUDA graphs on, sleep/wake and a weight
 sync every step and a high learning rate, so stale weights in the engine would show in the canary
