@@ -18,9 +18,11 @@ says SKIP with the reason. See docs/gpu.md.
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -95,6 +97,21 @@ def bound_row(check: str, value: float | None, limit: float, below: bool = True,
 
 
 # ------------------------------------------------------------------------------------------------ the stack
+def pinned_vllm(requirements: Path = REPO / "requirements-gpu.txt") -> str:
+    m = re.search(r"^vllm==(\S+)", requirements.read_text(), re.M) if requirements.exists() else None
+    return m[1] if m else "?"
+
+
+def vllm_line(version: str | None, pinned: str) -> str:
+    """The one startup line about vLLM (here and in scripts/devcheck): `version` None = not importable."""
+    if version is None:
+        return "vllm: not installed: the HF-only path (the vLLM rows are skipped)"
+    if version != pinned:
+        why = f"is not the pinned {pinned} (requirements-gpu.txt)"
+        return f"vllm: site vLLM {version} {why}: the vLLM rows test {version}"
+    return f"vllm: {version} (the pinned version)"
+
+
 def vllm_missing() -> str:
     """'' when vLLM imports, else why not (the reason its rows SKIP)."""
     try:
@@ -341,6 +358,7 @@ def main(argv=None) -> int:
 
     cuda = torch.cuda.is_available()
     no_vllm = vllm_missing()
+    print(f"gpu-check: {vllm_line(None if no_vllm else importlib.import_module('vllm').__version__, pinned_vllm())}")
     rows = stack_rows(cuda, no_vllm)
     for r in rows:
         print(f"gpu-check: {r.check}: {r.result} {r.value}", flush=True)

@@ -15,28 +15,15 @@ import argparse
 import importlib
 import json
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 
 REPO = Path.cwd()
+sys.path.insert(0, str(REPO / "scripts"))
+from gpu_check import pinned_vllm, vllm_line  # noqa: E402 - make gpu-check prints the same line at its start
 MODULES = ("transformers", "peft", "accelerate", "tokenizers", "safetensors", "numpy", "math_verify", "bm25s")
 MODULES += ("datasets", "triton", "vllm", "flash_attn", "tensorboard", "yaml", "pytest")
-
-
-def pinned_vllm(requirements: Path = REPO / "requirements-gpu.txt") -> str:
-    m = re.search(r"^vllm==(\S+)", requirements.read_text(), re.M) if requirements.exists() else None
-    return m[1] if m else "?"
-
-
-def vllm_line(version: str | None, pinned: str) -> str:
-    """The one startup line about vLLM: `version` None = not importable."""
-    if version is None:
-        return "vllm: not installed: the HF-only path (the vLLM stage is skipped)"
-    if version != pinned:
-        return f"vllm: site vLLM {version} is not the pinned {pinned} (requirements-gpu.txt): the vLLM stage tests {version}"  # noqa: E501
-    return f"vllm: {version} (the pinned version)"
 
 
 def version_of(name: str) -> str:

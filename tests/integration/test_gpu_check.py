@@ -63,6 +63,7 @@ def test_cpu_machine_skips_cuda_rows_and_passes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
     assert gc.main(["--skip-tests"]) == 0
     out = capsys.readouterr().out
+    assert out.splitlines()[0] == "gpu-check: vllm: 0.32.0 (the pinned version)"  # the one vLLM line, first
     table = out[out.index("check ") :].splitlines()
     skipped = [line.split("  ")[0].strip() for line in table if " SKIP " in line]
     assert len(skipped) == 13 and "vLLM sleep frees memory" in skipped and "NCCL all-reduce, 2 GPUs" in skipped
