@@ -31,6 +31,7 @@ PIECES = [
     ("  vLLM LLM.generate", "vllm/entrypoints/llm.py", "generate"),
     ("  HF model.generate", "transformers/generation/utils.py", "generate"),
     ("score_completions", "rl_training/tasks/base.py", "score_completions"),
+    ("learner.learn", "rl_training/train/learner.py", "learn"),
     ("make_micro_batches", "rl_training/train/update.py", "make_micro_batches"),
     ("  pack_sequences", "rl_training/train/packing.py", "pack_sequences"),
     ("train_on_rollouts", "rl_training/train/update.py", "train_on_rollouts"),
@@ -52,7 +53,7 @@ PIECES = [
     ("  merged_hf_weights", "rl_training/policy/models.py", "merged_hf_weights"),
     ("  reload_weights", "vllm/", "reload_weights"),
     ("probes.metrics", "rl_training/probes/probe.py", "metrics"),
-    ("step_metrics", "rl_training/metrics/step.py", "step_metrics"),
+    ("step_metrics", "rl_training/runners/rl_runner.py", "step_metrics"),
     ("samples", "rl_training/metrics/samples.py", "__call__"),
 ]
 

@@ -1,7 +1,9 @@
-"""Per-step metrics: reduced across ranks once per optimizer step, then written by rank 0 only.
+"""Per-step metrics: the step's own Part (base/parts.py: reduced across ranks with every other producer's, once
+per optimizer step), then written by rank 0 only.
 
 Every value is computed from global sums (not averages of per-rank averages), and logged under a
-namespace: rollout/*, train/*, perf/*, mem/*. The same dict goes to TensorBoard and to metrics.jsonl.
+namespace: rollout/*, train/*, is/*, reward/*, perf/*, mem/*. The same dict goes to TensorBoard and to
+metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from rl_training.algs.common import zero_adv_groups
 from rl_training.base import dist, faults
 from rl_training.base.errors import UserError
+from rl_training.base.parts import Part
 from rl_training.base.timer import PhaseTimer
 from rl_training.ckpt.store import abandoned_dir
 from rl_training.metrics.wandb_log import NullWandb
@@ -36,13 +39,21 @@ def peak_memory() -> dict[str, float]:
     return out
 
 
-def _rank_sums(
-    rollouts: Rollouts, lengths: list[int], scores: Scores, advantages: torch.Tensor, group_size: int, stats: TrainStats
-) -> dict[str, float]:
-    """This rank's additive counts and sums of the step (reduced over ranks by step_metrics)."""
+def step_part(
+    rollouts: Rollouts,
+    scores: Scores,
+    advantages: torch.Tensor,
+    group_size: int,
+    stats: TrainStats,
+    timer: PhaseTimer,
+    lr: float,
+) -> Part:
+    """The step's own metrics (rollout/*, train/*, is/*, perf/*, mem/*, reward/*): this rank's sums and maxes,
+    and how the global values become the logged ones (base/parts.py). Call it after the step's last timed phase."""
+    lengths = [len(c) for c in rollouts.completion_ids]
     r = torch.tensor(scores.rewards, dtype=torch.float64)
     zero_adv = zero_adv_groups(advantages, group_size)
-    return {
+    sums = {
         "n": len(r),
         "r": r.sum().item(),
         "r2": (r * r).sum().item(),
@@ -70,71 +81,58 @@ def _rank_sums(
         **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
         **{f"count_{k}": v for k, v in scores.counts.items()},
     }
-
-
-def step_metrics(
-    rollouts: Rollouts,
-    scores: Scores,
-    advantages: torch.Tensor,
-    group_size: int,
-    stats: TrainStats,
-    timer: PhaseTimer,
-    lr: float,
-    device: torch.device,
-) -> dict[str, float]:
-    """Collective (every rank calls it). Returns the global metrics of one step."""
-    lengths = [len(c) for c in rollouts.completion_ids]
-    sums = dist.reduce_sums(_rank_sums(rollouts, lengths, scores, advantages, group_size, stats), device)
-    maxes = dist.reduce_max(
-        {
-            "len_max": max(lengths),
-            "logp_diff_max": stats.logp_absdiff_max,
-            "is_ratio_max": stats.is_ratio_max,
-            **{f"t_{k}": v for k, v in timer.seconds.items()},
-            **peak_memory(),
-        },
-        device,
-    )
-    world = dist.world_size()
-    n, tok = sums["n"], max(sums["tokens"], 1.0)
-    mean = sums["r"] / n
-    step_time = sum(maxes[f"t_{k}"] for k in timer.seconds)
-    out = {
-        "rollout/reward_mean": mean,
-        "rollout/reward_std": math.sqrt(max(sums["r2"] / n - mean * mean, 0.0) * n / max(n - 1, 1)),
-        "rollout/accuracy": sums["correct"] / n,
-        "rollout/format_rate": sums["formatted"] / n,
-        "rollout/response_len_mean": sums["len"] / n,
-        "rollout/response_len_max": maxes["len_max"],
-        "rollout/truncation_rate": sums["trunc"] / n,
-        "rollout/zero_adv_group_frac": sums["zero_adv"] / sums["groups"],
-        "rollout/reward_fn_errors": sums["errors"] + sums["timeouts"] + sums["invalid"],
-        "rollout/reward_fn_timeouts": sums["timeouts"],
-        "rollout/logp_diff_mean": sums["logp_diff"] / tok,
-        "rollout/logp_diff_max": maxes["logp_diff_max"],
-        "is/ratio_mean": sums["is_ratio"] / tok,  # rho = pi_train / pi_rollout on sampled tokens
-        "is/ratio_max": maxes["is_ratio_max"],
-        # DDP semantics: the step loss is the mean of the ranks' losses (each already / its normaliser).
-        "train/loss": sums["loss"] / world / stats.epochs,
-        "train/pg_loss": sums["pg_loss"] / world / stats.epochs,
-        "train/grad_norm": sums["grad_norm"] / world,  # identical on every rank after the all-reduce
-        "train/lr": lr,
-        "train/clip_frac": sums["clipped"] / (tok * stats.epochs),
-        "train/entropy": sums["entropy"] / tok,
-        "perf/step_s": step_time,
-        "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
-        "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
+    maxes = {
+        "len_max": max(lengths),
+        "logp_diff_max": stats.logp_absdiff_max,
+        "is_ratio_max": stats.is_ratio_max,
+        **{f"t_{k}": v for k, v in timer.seconds.items()},
+        **peak_memory(),
     }
-    # the off-policy correction's counts (loss.correction), each over the step's tokens or sequences
-    per = {"tokens": tok, "sequences": max(sums["seqs"], 1.0)}
-    out.update({f"is/{k}_frac": sums[f"corr_{k}"] / per[stats.correction_units[k]] for k in stats.correction})
-    if stats.kl_measured:  # steps without the reference forward (loss.kl_log_every) log no KL, not a 0
-        out["train/kl"] = sums["kl"] / tok
-    out.update({f"reward/{k}_mean": sums[f"part_{k}"] / n for k in scores.parts})
-    out.update({f"reward/{k}": sums[f"count_{k}"] for k in scores.counts})
-    out.update({f"perf/{k}_s": maxes[f"t_{k}"] for k in timer.seconds})
-    out.update({k: v for k, v in maxes.items() if k.startswith("mem/")})
-    return out
+    phases = list(timer.seconds)
+
+    def finish(sums: dict, maxes: dict, logged: dict) -> dict[str, float]:
+        world = dist.world_size()
+        n, tok = sums["n"], max(sums["tokens"], 1.0)
+        mean = sums["r"] / n
+        step_time = sum(maxes[f"t_{k}"] for k in phases)
+        out = {
+            "rollout/reward_mean": mean,
+            "rollout/reward_std": math.sqrt(max(sums["r2"] / n - mean * mean, 0.0) * n / max(n - 1, 1)),
+            "rollout/accuracy": sums["correct"] / n,
+            "rollout/format_rate": sums["formatted"] / n,
+            "rollout/response_len_mean": sums["len"] / n,
+            "rollout/response_len_max": maxes["len_max"],
+            "rollout/truncation_rate": sums["trunc"] / n,
+            "rollout/zero_adv_group_frac": sums["zero_adv"] / sums["groups"],
+            "rollout/reward_fn_errors": sums["errors"] + sums["timeouts"] + sums["invalid"],
+            "rollout/reward_fn_timeouts": sums["timeouts"],
+            "rollout/logp_diff_mean": sums["logp_diff"] / tok,
+            "rollout/logp_diff_max": maxes["logp_diff_max"],
+            "is/ratio_mean": sums["is_ratio"] / tok,  # rho = pi_train / pi_rollout on sampled tokens
+            "is/ratio_max": maxes["is_ratio_max"],
+            # DDP semantics: the step loss is the mean of the ranks' losses (each already / its normaliser).
+            "train/loss": sums["loss"] / world / stats.epochs,
+            "train/pg_loss": sums["pg_loss"] / world / stats.epochs,
+            "train/grad_norm": sums["grad_norm"] / world,  # identical on every rank after the all-reduce
+            "train/lr": lr,
+            "train/clip_frac": sums["clipped"] / (tok * stats.epochs),
+            "train/entropy": sums["entropy"] / tok,
+            "perf/step_s": step_time,
+            "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
+            "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
+        }
+        if stats.kl_measured:  # steps without the reference forward (loss.kl_log_every) log no KL, not a 0
+            out["train/kl"] = sums["kl"] / tok
+        # the off-policy correction's counts (loss.correction), each over the step's tokens or sequences
+        per = {"tokens": tok, "sequences": max(sums["seqs"], 1.0)}
+        out.update({f"is/{k}_frac": sums[f"corr_{k}"] / per[stats.correction_units[k]] for k in stats.correction})
+        out.update({f"reward/{k}_mean": sums[f"part_{k}"] / n for k in scores.parts})
+        out.update({f"reward/{k}": sums[f"count_{k}"] for k in scores.counts})
+        out.update({f"perf/{k}_s": maxes[f"t_{k}"] for k in phases})
+        out.update({k: v for k, v in maxes.items() if k.startswith("mem/")})
+        return out
+
+    return Part(sums, maxes, finish)
 
 
 def set_aside_logs(run_dir: Path) -> Path | None:

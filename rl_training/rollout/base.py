@@ -39,6 +39,24 @@ class Rollouts:
         return len(self.completion_ids)
 
 
+@dataclass
+class StepBatch:
+    """One step's generated data on this rank, what the learner trains on: the prompts' dataset indices, their
+    completions group by group (group g = rollouts[g*G, (g+1)*G)) and the example each completion answers."""
+
+    indices: list[int]  # [P] dataset indices of this rank's prompts
+    rollouts: Rollouts  # [P * G] sequences, group by group
+    group_size: int  # G
+    examples: list  # [P * G] data.sources.Example of each sequence (prompt i's example, G times)
+
+    def __post_init__(self):
+        if len(self.rollouts) != len(self.indices) * self.group_size or len(self.examples) != len(self.rollouts):
+            raise ValueError(
+                f"a step batch of {len(self.indices)} prompts x {self.group_size} needs as many rollouts and examples, "
+                f"got {len(self.rollouts)} and {len(self.examples)}"
+            )
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     n: int  # completions per prompt
@@ -102,7 +120,8 @@ class RolloutBackend(Protocol):
     def wake(self) -> None: ...
 
     def metrics(self) -> dict[str, float]:
-        """Backend-specific values to log each step (weight version, memory freed by sleep)."""
+        """Backend-specific values to log each step (weight version, memory freed by sleep), logged as rank 0 has
+        them (a Part's `ready` values, base/parts.py: not reduced over ranks)."""
 
     def close(self) -> None:
         """Release the engine; called once after the run's last collective."""

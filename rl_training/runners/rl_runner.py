@@ -25,6 +25,7 @@ import torch
 
 from rl_training.base import dist, faults
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
+from rl_training.base.parts import Part, assemble
 from rl_training.base.timer import PhaseTimer
 from rl_training.ckpt.best import BestCheckpoint
 from rl_training.ckpt.resume import resolve_resume
@@ -36,17 +37,17 @@ from rl_training.config.schema import Config, Derived
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.evaluate import InLoopEval
-from rl_training.metrics.episode import episode_metrics
+from rl_training.metrics.episode import episode_part
 from rl_training.metrics.progress import make_progress
 from rl_training.metrics.samples import StepSamples
-from rl_training.metrics.step import MetricsLogger, step_metrics
+from rl_training.metrics.step import MetricsLogger, step_part
 from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
-from rl_training.rollout.base import RolloutBackend, Rollouts, SamplingSpec
+from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.runtime.cli import run_cli
@@ -55,19 +56,11 @@ from rl_training.runtime.lock import locked
 from rl_training.runtime.platform_check import require_working_cuda
 from rl_training.runtime.seeding import seed_all, set_cpu_threads
 from rl_training.runtime.stopping import StopOnSignal
-from rl_training.tasks.base import Task, score_completions
+from rl_training.tasks.base import Scores, Task, score_completions
 from rl_training.tasks.build import build_task, task_context
+from rl_training.train.learner import Learned, Learner
 from rl_training.train.optimizer import build_optimizer
-from rl_training.train.packing import row_tokens_for
-from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.train.update import (
-    TrainStats,
-    UpdateHParams,
-    make_micro_batches,
-    step_advantages,
-    step_norm,
-    train_on_rollouts,
-)
+from rl_training.train.step_guard import SkipGuard
 from rl_training.train.weight_guard import WeightGuard
 
 
@@ -83,12 +76,11 @@ class Run:
     scheduler: object
     backend: RolloutBackend
     task: Task  # started (its resources live) until rl() closes it
-    max_trainable_tokens: int  # Dr-GRPO's constant (rollout/episodes.py, max_trainable_tokens)
+    learner: Learner  # advantages, micro-batches, normaliser, probe hooks and the update (train/learner.py)
     examples: list[Example]
     prompts: list[list[int]]
     sampler: PromptSampler
     logger: MetricsLogger
-    hparams: UpdateHParams
     probes: StepProbes | NullProbes
     start_step: int
     evaluator: InLoopEval | None  # None when eval.every = 0
@@ -98,7 +90,7 @@ class Run:
     best: BestCheckpoint  # ckpt.keep_best: the step whose checkpoint pruning keeps (rl_training/ckpt/best.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
-    rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> (indices, Rollouts)
+    rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> StepBatch
 
 
 def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: int, world: int) -> list[str]:
@@ -185,6 +177,11 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
     logger.custom_scalars(probe_tb_layout())
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
+    parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, params=params, device=info.device)
+    probes = build_probes(cfg, derived, model, params, info, resumed_state)
+    pad = tokenizer.pad_token_id
+    learner = Learner.from_config(cfg, derived, max_trainable_tokens=max_trainable_tokens(cfg, task), pad_id=pad,
+                                  probes=probes, **parts)  # fmt: skip
     run = Run(
         cfg=cfg,
         derived=derived,
@@ -196,13 +193,12 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         scheduler=scheduler,
         backend=backend,
         task=task,
-        max_trainable_tokens=max_trainable_tokens(cfg, task),
+        learner=learner,
         examples=examples,
         prompts=prompts,
         sampler=sampler,
         logger=logger,
-        hparams=UpdateHParams.from_config(cfg),
-        probes=build_probes(cfg, derived, model, params, info, resumed_state),
+        probes=probes,
         start_step=start_step,
         evaluator=evaluator,
         syncer=syncer,
@@ -230,20 +226,22 @@ def past_version_dir(ckpt, version: int):
     return path
 
 
-def generate_step(run: Run, step: int) -> tuple[list[int], Rollouts]:
-    """This rank's prompt indices of step `step` and their G completions each: the one call that makes a
-    step's Rollouts. With rollout.max_async_level > 0 the producer thread runs it, so it calls no collective."""
-    cfg = run.cfg
+def generate_step(run: Run, step: int) -> StepBatch:
+    """This rank's prompts of step `step` and their G completions each: the one call that makes a step's batch.
+    With rollout.max_async_level > 0 the producer thread runs it, so it calls no collective."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
     idx = run.sampler.indices(step, run.info.rank)
     spec = SamplingSpec(
-        n=cfg.rollout.group_size,
+        n=G,
         max_new_tokens=cfg.rollout.max_new_tokens,
         min_new_tokens=cfg.rollout.min_new_tokens,
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         seed=sampling_seed(cfg.train.seed, run.info.rank, step),
     )
-    return idx, run.backend.generate([run.prompts[i] for i in idx], spec, examples=[run.examples[i] for i in idx])
+    examples = [run.examples[i] for i in idx]
+    rollouts = run.backend.generate([run.prompts[i] for i in idx], spec, examples=examples)
+    return StepBatch(idx, rollouts, G, [ex for ex in examples for _ in range(G)])
 
 
 def publish(run: Run, step: int) -> None:
@@ -254,61 +252,41 @@ def publish(run: Run, step: int) -> None:
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
-    cfg, G = run.cfg, run.cfg.rollout.group_size
+    """generate -> score -> learn -> publish -> metrics."""
     timer = PhaseTimer()
     with timer("generate"):  # async: only the wait for the producer's batch
-        idx, rollouts = run.rollouts.get(step)
-    versions = {**run.rollouts.metrics(), **version_metrics(step, rollouts.policy_version)}
+        batch = run.rollouts.get(step)
+    sampled = {**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)}
     with timer("score"):
-        examples = [run.examples[i] for i in idx for _ in range(G)]
-        scores = score_completions(run.task, rollouts.texts, examples, cfg.reward.timeout_s)
-        rewards = torch.tensor(scores.rewards, dtype=torch.float64)
-        bad_reward = nonfinite_agreed({"reward": rewards.sum().item()}, run.info.device)  # skip together
-        advantages = step_advantages(run.hparams.objective, rewards, G, run.info.device)
-    if bad_reward:  # no forward/backward on NaN advantages; adapter, optimizer and LR untouched
-        stats = TrainStats(epochs=run.hparams.inner_epochs, kl_measured=False, skipped=bad_reward)
-        lr = run.scheduler.get_last_lr()[0]
-        publish(run, step)
-        metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
-        return {**metrics, **run.backend.metrics(), **versions, **run.skips.record(step + 1, stats.skipped)}
-    with timer("train"):
-        run.backend.sleep()  # the engine's memory goes to the update; sync_weights wakes it
-        micro = make_micro_batches(
-            rollouts,
-            advantages,
-            G,
-            cfg.train.micro_batch_groups,
-            run.tokenizer.pad_token_id,
-            run.info.device,
-            cfg.train.drop_zero_adv_groups,
-            pack_row_tokens=row_tokens_for(cfg.model.attn_implementation, cfg.train.pack_row_tokens)
-            if cfg.train.pack_sequences
-            else None,
-        )
-        lr = run.scheduler.get_last_lr()[0]
-        norm = step_norm(rollouts, run.derived.seqs_per_rank, run.max_trainable_tokens, run.info.device)
-        run.probes.begin_step(G, advantages, [rollouts.trainable(i) for i in range(len(rollouts))], step)
-        hparams = run.hparams.for_step(step)
-        stats = train_on_rollouts(run.model, run.optimizer, run.scheduler, run.params, micro, hparams, norm, run.probes)
+        scores = score_completions(run.task, batch.rollouts.texts, batch.examples, run.cfg.reward.timeout_s)
+    with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
+        learned = run.learner.learn(batch, scores.rewards, step, before_update=run.backend.sleep)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
         publish(run, step)
-    probe_metrics = {}
-    if run.probes.enabled:  # no perf/probe phase when off
+    probed = {}
+    if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
-            probe_metrics = run.probes.metrics()
-    metrics = step_metrics(rollouts, scores, advantages, G, stats, timer, lr, run.info.device)
-    metrics.update(episode_metrics(rollouts, stats.turn_logp_diff, run.info.device, run.task))
-    metrics.update(run.weights.observe(step, metrics, rollouts.policy_version, run.info.device))
-    run.samples(step + 1, rollouts, scores, advantages, stats.seq_logp_gap, run.logger)
-    return {
-        **metrics,
-        **probe_metrics,
-        **run.backend.metrics(),
-        **versions,
-        **run.skips.record(step + 1, stats.skipped),
-    }
+            probed = run.probes.metrics()
+    if learned.ran:
+        run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
+    return step_metrics(run, step, batch, scores, learned, timer, {**probed, **run.backend.metrics(), **sampled})
+
+
+def step_metrics(
+    run: Run, step: int, batch: StepBatch, scores: Scores, learned: Learned, timer: PhaseTimer, ready: dict[str, float]
+) -> dict[str, float]:
+    """The one assembly site of a step's metrics: every producer's Part (base/parts.py), reduced together once.
+    `ready`: values already agreed or one engine's own (the probes' own reductions, the backend's, the queue's)."""
+    ro, stats = batch.rollouts, learned.stats
+    parts = [step_part(ro, scores, learned.advantages, batch.group_size, stats, timer, learned.lr)]
+    if learned.ran:  # a step skipped for a non-finite reward trained on nothing: no episode or guard judgement
+        episodes = episode_part(ro, stats.turn_logp_diff, run.task)
+        parts += [episodes] if episodes is not None else []
+        parts.append(run.weights.part(step, ro.policy_version))  # after the step's Part: reads its canary
+    parts += [Part(ready=ready), Part(ready=run.skips.record(step + 1, stats.skipped))]
+    return assemble(parts, run.info.device)
 
 
 def maybe_eval(run: Run, step: int) -> dict[str, float]:

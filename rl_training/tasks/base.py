@@ -11,8 +11,9 @@ episode engine (rollout/episodes.py) does the token bookkeeping; an environment 
 
 Contracts every caller relies on:
 - `grade` never has to be safe: `score_completions` wraps it. A per-completion `reward` that raises, runs past
-  reward.timeout_s or returns a non-finite value scores 0 and is counted (reward/errors, reward/timeouts,
-  reward/invalid); a batch `grade` that raises scores the whole batch 0, counted as errors.
+  reward.timeout_s or returns a non-finite value scores 0 and is counted (Scores.errors, timeouts, invalid: logged
+  as rollout/reward_fn_errors, all three, and rollout/reward_fn_timeouts; evals as grader_errors, grader_timeouts,
+  grader_invalid); a batch `grade` that raises scores the whole batch 0, counted as errors.
 - `part_names` / `count_names` are fixed per task, so every rank logs (and reduces) the same keys whatever its
   batch did: reward/<part>_mean and reward/<count>; a name a batch leaves out reads 0.
 - Resources (a sandbox pool, a retriever) are built in `start` and released in `close`; a task is built (and a
@@ -196,8 +197,9 @@ class Environment(Task):
         return [self.step(s, t) for s, t in zip(states, turns, strict=True)]
 
     def call_stats(self) -> Any:
-        """A fresh accumulator for one generate call's resource counters (None: none); its `metrics()` returns
-        (sums, maxes): values reduced across ranks by sum and by max. Its keys must not depend on the batch."""
+        """A fresh accumulator for one generate call's resource counters (None: none); its `metrics()` returns a
+        dict of logged keys, summed over ranks except those its `max_keys` names (the slowest rank's: latencies).
+        Its keys must not depend on the batch (metrics/episode.py)."""
         return None
 
     def episode_metrics(self, sums: dict[str, float]) -> dict[str, float]:

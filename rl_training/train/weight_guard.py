@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 
-from rl_training.base import dist
 from rl_training.base.errors import UserError
 from rl_training.base.exit_codes import WEIGHT_STATE_EXIT_CODE
+from rl_training.base.parts import Part
 
 # Per model.dtype, for every backend (hf, vllm, server): the largest healthy rollout/logp_diff_mean, with a
 # wide margin. What they were set from (scripts/bench_canary.py prints the table; docs/rollout.md keeps it):
@@ -61,11 +61,18 @@ class WeightGuard:
         self.recent: list[float] = list(state.get("recent", []))  # the streak's canary values, for the message
         self.bad_version = ""  # set on the step a policy version falls outside [t - K, t]
 
-    def observe(self, step: int, metrics: dict[str, float], policy_versions: list[int] | None, device) -> dict:
-        """Collective (one max-all-reduce): judge batch `step` (0-based); returns the guard/* metrics."""
-        canary = metrics.get("rollout/logp_diff_mean", 0.0)  # agreed: reduced over ranks with the other sums
+    def part(self, step: int, policy_versions: list[int] | None) -> Part:
+        """Batch `step` (0-based) judged as a Part of the step's metrics (base/parts.py): the versions that sampled
+        it are maxed over ranks, the canary is the step's rollout/logp_diff_mean (logged before this Part);
+        finishing it updates the guard and logs the guard/* metrics."""
         lo, hi = (min(policy_versions), max(policy_versions)) if policy_versions else (step, step)
-        flags = dist.reduce_max({"low": float(step - lo), "high": float(hi - step)}, device)
+
+        def finish(sums: dict, flags: dict, logged: dict) -> dict[str, float]:
+            return self._judge(step, flags, logged.get("rollout/logp_diff_mean", 0.0))
+
+        return Part(maxes={"low": float(step - lo), "high": float(hi - step)}, finish=finish)
+
+    def _judge(self, step: int, flags: dict[str, float], canary: float) -> dict[str, float]:
         if flags["low"] > self.k or flags["high"] > 0:
             oldest, newest = step - int(flags["low"]), step + int(flags["high"])
             self.bad_version = (

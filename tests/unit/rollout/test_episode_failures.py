@@ -145,13 +145,14 @@ def test_a_step_the_engine_cannot_use_ends_its_episode_counted(case):
 def test_episode_metrics_count_each_kind():
     import torch
 
-    from rl_training.metrics.episode import episode_metrics
+    from rl_training.base.parts import assemble
+    from rl_training.metrics.episode import episode_part
 
     ro = run(Flaky("step"))
     ro2 = run(Returns(Step([999])))
-    m = episode_metrics(ro, {}, torch.device("cpu"), Flaky("step"))
+    m = assemble([episode_part(ro, {}, Flaky("step"))], torch.device("cpu"))
     assert (m["rollout/env_errors"], m["rollout/env_invalid"]) == (1.0, 0.0)
-    m2 = episode_metrics(ro2, {}, torch.device("cpu"), Returns(None))
+    m2 = assemble([episode_part(ro2, {}, Returns(None))], torch.device("cpu"))
     assert (m2["rollout/env_errors"], m2["rollout/env_invalid"]) == (0.0, 3.0)
 
 

@@ -199,7 +199,8 @@ def test_hf_backend_runs_episodes(tiny_model):
 def test_episode_metrics_values():
     """Two episodes: (2 turns, 1 search, answered, 30 observation tokens) and (3 turns, 1 invalid, truncated by
     turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8; per-turn canary turn 1: 0.2 / 4 tokens."""
-    from rl_training.metrics.episode import episode_metrics
+    from rl_training.base.parts import assemble
+    from rl_training.metrics.episode import episode_part
     from rl_training.retrieval.retriever import RetrievalStats
     from rl_training.rollout.base import Rollouts
 
@@ -212,7 +213,7 @@ def test_episode_metrics_values():
         episodes=[{**e1, "truncated": "", "error": ""}, {**e2, "truncated": "turns", "error": ""}], env_stats=stats,
     )  # fmt: skip
     env = SearchTask(SearchCfg())
-    m = episode_metrics(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, torch_device(), env)
+    m = assemble([episode_part(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, env)], torch_device())
     assert m["rollout/turns_mean"] == 2.5 and m["rollout/searches_mean"] == 0.5
     assert m["rollout/valid_action_rate"] == 0.8 and m["rollout/answer_rate"] == 0.5
     assert m["rollout/truncated_turns_rate"] == 0.5 and m["rollout/truncated_tokens_rate"] == 0.0
@@ -223,7 +224,7 @@ def test_episode_metrics_values():
     assert "rollout/logp_diff_turn3" not in m
     assert m["retrieval/queries"] == 1.0 and m["retrieval/latency_p50_ms"] == pytest.approx(2.0)
     single = Rollouts([[1]], [[5]], [[0.0]], [False], [""])
-    assert episode_metrics(single, {}, torch_device(), env) == {}
+    assert episode_part(single, {}, env) is None  # single-turn: no Part
 
 
 def torch_device():

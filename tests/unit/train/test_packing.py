@@ -148,11 +148,17 @@ def test_flash_attention_packs_a_micro_batch_into_one_row():
     ):
         load_config(None, [*fa, "train.pack_row_tokens=4096"])
     assert load_config(None, fa).train.pack_row_tokens == 0
-    import inspect
+    # what the runner's learner packs with: one row under flash-attention, bins of the longest sequence otherwise
+    from rl_training.config.schema import derive
+    from rl_training.train.learner import Learner
 
-    from rl_training.runners import rl_runner
+    def learner_packing(overrides):
+        cfg = load_config(None, overrides)
+        parts = dict(model=None, optimizer=None, scheduler=None, params=[], probes=None, device=torch.device("cpu"))
+        return Learner.from_config(cfg, derive(cfg, 1), max_trainable_tokens=8, pad_id=0, **parts).pack_row_tokens
 
-    assert "row_tokens_for(cfg.model.attn_implementation, cfg.train.pack_row_tokens)" in inspect.getsource(rl_runner)
+    assert learner_packing(fa) == ONE_ROW
+    assert learner_packing(["train.pack_sequences=true"]) == 0 and learner_packing([]) is None
 
 
 def test_padded_tokens_of_a_skewed_batch():

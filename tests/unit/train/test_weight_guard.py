@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rl_training.base.exit_codes import WEIGHT_STATE_EXIT_CODE
+from rl_training.base.parts import Part, assemble
 from rl_training.config.load import load_config
 from rl_training.runtime.cli import exit_status_of
 from rl_training.train.weight_guard import DEFAULT_MAX_LOGP_DIFF, WeightGuard, WeightStateError, max_logp_diff
@@ -20,16 +21,17 @@ def guard(*overrides: str, state=None) -> WeightGuard:
     return WeightGuard(load_config(None, list(overrides)), state)
 
 
+def observe(g: WeightGuard, step: int, canary: float, versions) -> dict[str, float]:
+    """The guard's Part assembled after a step Part that logged `canary` (as the runner's step does)."""
+    return assemble([Part(ready={"rollout/logp_diff_mean": canary}), g.part(step, versions)], CPU)
+
+
 def feed(g: WeightGuard, canaries, versions=None, start: int = 0) -> list[float]:
     """The streak after each step."""
     out = []
     for i, c in enumerate(canaries):
         step = start + i
-        out.append(
-            g.observe(step, {"rollout/logp_diff_mean": c}, versions(step) if versions else None, CPU)[
-                "guard/canary_streak"
-            ]
-        )
+        out.append(observe(g, step, c, versions(step) if versions else None)["guard/canary_streak"])
     return out
 
 
@@ -84,7 +86,7 @@ def test_canary_not_judged_where_it_measures_more_than_the_weights():
 )
 def test_policy_versions_outside_the_staleness_bound_stop_at_once(k, versions, bad):
     g = guard(*SERVER, f"rollout.max_async_level={k}")
-    g.observe(3, {"rollout/logp_diff_mean": 0.0}, versions(3), CPU)
+    observe(g, 3, 0.0, versions(3))
     assert g.bad_version.split(" (")[0] == bad and g.tripped() == bool(bad)
     if bad:
         assert str(g.error(4, "checkpoint at step 4 saved")).startswith(f"{bad} (rollout.max_async_level={k}): ")
