@@ -273,8 +273,7 @@ PROCESS_ENTRIES = {
 
 def test_every_command_lives_in_runners():
     """A module that runs as a program (`if __name__ == "__main__"`) is a command in runners/, a top-level shim that
-    forwards an old command line to one, or a process entry of PROCESS_ENTRIES. evals/run.py, the eval command,
-    sits above the library in evals/."""
+    forwards an old command line to one (`python -m evals.run` too), or a process entry of PROCESS_ENTRIES."""
     modules = module_files()
     mains = set()
     for module, path in modules.items():
@@ -286,6 +285,9 @@ def test_every_command_lives_in_runners():
         tree = ast.parse(modules[shim].read_text())
         forwarded = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
         assert forwarded == [f"rl_training.runners.{shim.split('.')[1]}"], f"{shim} is not a shim of a runner"
+    for shim in {m for m in mains if m.startswith("evals.")}:  # the eval command's old name forwards to its runner
+        forwarded = {n.module for n in ast.walk(ast.parse(modules[shim].read_text())) if isinstance(n, ast.ImportFrom)}
+        assert forwarded == {"rl_training.runners.eval_runner"}, f"{shim} is not a shim of a runner"
     library = {m for m in mains - shims if m.startswith("rl_training.") and not m.startswith("rl_training.runners.")}
     assert library == set(PROCESS_ENTRIES), f"commands outside runners/: {sorted(library ^ set(PROCESS_ENTRIES))}"
 
