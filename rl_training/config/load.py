@@ -25,8 +25,8 @@ from rl_training.config.schema import Config, ConfigError, _field_types, all_key
 
 def _check_value(value: Any, tp: Any, key: str, meta: dict) -> Any:
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
+    if origin is Literal:  # typed: 1 == True would otherwise pass for a Literal holding True
+        if not any(value == c and type(value) is type(c) for c in typing.get_args(tp)):
             choices = ", ".join(repr(c) for c in typing.get_args(tp))
             raise ConfigError(f"{key}={value!r} is not one of {choices}")
         return value
@@ -415,7 +415,7 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
 
 
 def check_training_losses(cfg: Config, where: str = "") -> None:
-    if cfg.train.drop_zero_adv_groups and cfg.loss.kl_coef > 0:
+    if cfg.train.drop_zero_adv_groups is True and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "
             "group still has a KL gradient, which dropping it would silently remove; set one of them off"

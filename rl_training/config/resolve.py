@@ -1,7 +1,7 @@
 """Config resolution in one place: after loading, `resolve` fills every defaulted or derived value (the rollout
-backend for 'auto', the objective's clip bounds, absolute local paths, the upload target from RL_SYNC_*, the
-per-rank batch) and returns them frozen. Both runners, evals and synthesize use it; nothing edits a config
-after it."""
+backend and train.drop_zero_adv_groups for 'auto', the objective's clip bounds, absolute local paths, the upload
+target from RL_SYNC_*, the per-rank batch) and returns them frozen. Both runners, evals and synthesize use it;
+nothing edits a config after it."""
 
 from __future__ import annotations
 
@@ -95,6 +95,8 @@ def resolve(
             cfg.loss.clip_low = chosen.clip_low
         if cfg.loss.clip_high is None:
             cfg.loss.clip_high = chosen.clip_high
+    if cfg.train.drop_zero_adv_groups == "auto":  # exact only without a KL term (algs/objectives.py)
+        cfg.train.drop_zero_adv_groups = cfg.loss.kl_coef == 0
     derived = derive(cfg, world_size) if world_size is not None else None
     if upload:
         resolve_target(cfg.sync, derive(cfg, world_size or 1).run_dir)

@@ -273,10 +273,11 @@ class TrainCfg:
     seed: int = _f(0, "Base seed; rank r uses seed + r for sampling.", ge=0)
     micro_batch_groups: int = _f(4, "Prompt groups per micro-batch per rank (groups are never split).", ge=1)
     inner_epochs: int = _f(1, "Optimizer steps over each rollout batch (PPO-style reuse).", ge=1)
-    drop_zero_adv_groups: bool = _f(
-        False,
-        "Skip forward/backward for groups whose advantages are all 0 (same gradient, less compute); "
-        "not allowed with loss.kl_coef > 0, whose gradient those groups still carry.",
+    drop_zero_adv_groups: Literal["auto", True, False] = _f(
+        "auto",
+        "Skip forward/backward for groups whose advantages are all 0 (the same gradient, less compute; "
+        "train/skipped_token_frac counts it); auto = on when loss.kl_coef = 0, the only case where the gradient "
+        "is provably unchanged; true is refused with loss.kl_coef > 0, whose gradient those groups still carry.",
     )
     max_consecutive_skips: int = _f(
         3, "Stop the run after this many optimizer steps in a row skipped for a non-finite reward/loss/grad.", ge=1

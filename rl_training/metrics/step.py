@@ -76,6 +76,8 @@ def step_part(
         "grad_norm": stats.grad_norm,
         "is_ratio": stats.is_ratio_sum,
         "seqs": stats.sequences,
+        "skipped_tok": stats.skipped_tokens,
+        "all_tok": sum(rollouts.trainable(i) for i in range(len(rollouts))),
         **{f"corr_{k}": v for k, v in stats.correction.items()},
         # the task's own reward parts and counters (the same names on every rank: Task.part_names)
         **{f"part_{k}": sum(v) for k, v in scores.parts.items()},
@@ -117,6 +119,9 @@ def step_part(
             "train/lr": lr,
             "train/clip_frac": sums["clipped"] / (tok * stats.epochs),
             "train/entropy": sums["entropy"] / tok,
+            # the forward/backward work train.drop_zero_adv_groups saved (the groups it skipped are
+            # rollout/zero_adv_group_frac when it is on); the metrics over trained tokens above exclude them
+            "train/skipped_token_frac": sums["skipped_tok"] / max(sums["all_tok"], 1.0),
             "perf/step_s": step_time,
             "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
             "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),

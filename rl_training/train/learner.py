@@ -10,6 +10,7 @@ the advantages of a batch-std objective and the normaliser's token count are glo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -59,6 +60,8 @@ class Learner:
     def from_config(cls, cfg, derived, *, max_trainable_tokens: int, pad_id: int, **parts) -> Learner:
         """model, optimizer, scheduler, params, probes and device as keywords (`parts`); the rest from the config."""
         t = cfg.train
+        if not isinstance(t.drop_zero_adv_groups, bool):  # 'auto' is truthy: never let it reach make_micro_batches
+            raise ValueError("Learner.from_config needs a resolved config (config/resolve.py: drop_zero_adv_groups)")
         packing = row_tokens_for(cfg.model.attn_implementation, t.pack_row_tokens) if t.pack_sequences else None
         return cls(
             hparams=UpdateHParams.from_config(cfg),
@@ -102,4 +105,6 @@ class Learner:
         stats = train_on_rollouts(
             self.model, self.optimizer, self.scheduler, self.params, micro, hp.for_step(step), norm, self.probes
         )
-        return Learned(advantages, stats, lr, ran=True)
+        kept = {g for mb in micro for g in mb.group_ids}
+        skipped = sum(ro.trainable(i) for i in range(len(ro)) if i // group not in kept)  # the work saved
+        return Learned(advantages, dataclasses.replace(stats, skipped_tokens=float(skipped)), lr, ran=True)

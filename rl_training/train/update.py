@@ -220,6 +220,7 @@ class TrainStats:
     is_ratio_sum: float = 0.0  # token sum of rho = pi_train / pi_rollout, epoch 0
     is_ratio_max: float = 0.0
     sequences: float = 0.0  # sequences trained on in one epoch (zero-advantage groups dropped are absent)
+    skipped_tokens: float = 0.0  # trainable tokens of dropped zero-advantage groups (never forwarded); the Learner's
     grad_norm: float = 0.0  # mean over epochs of the pre-clip global grad norm (after the all-reduce)
     epochs: int = 0
     kl_measured: bool = True  # the reference forward ran this step (kl_sum is a measurement, not a 0 default)
@@ -246,6 +247,7 @@ class DeviceStats:
     def __init__(self, device: torch.device, epochs: int, kl_measured: bool = True, correction_counts=None):
         host_only = (
             "epochs",
+            "skipped_tokens",
             "kl_measured",
             "skipped",
             "seq_logp_gap",

@@ -7,6 +7,7 @@ import torch
 
 from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
 from rl_training.config.reference import reference, write_reference
+from rl_training.config.resolve import resolve
 from rl_training.config.schema import ConfigError, all_keys, derive
 from tests.helpers import REPO
 
@@ -115,6 +116,27 @@ def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
     # Each alone is fine (and so is a zero coefficient, which only logs the KL).
     load_config(None, ["train.drop_zero_adv_groups=true", "loss.kl_coef=0"])
     load_config(None, ["train.drop_zero_adv_groups=false", "loss.kl_coef=0.05"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "dropped"),
+    [
+        ([], True),  # the default: auto, and kl_coef defaults to 0, where dropping is exact
+        (["loss.kl_coef=0.05"], False),  # auto with a KL term: those groups still carry its gradient
+        (["train.drop_zero_adv_groups=false"], False),
+        (["train.drop_zero_adv_groups=auto", "loss.kl_coef=0"], True),
+    ],
+)
+def test_drop_zero_adv_groups_auto_is_on_exactly_without_kl(overrides, dropped):
+    cfg = load_config(None, overrides)
+    assert resolve(cfg).cfg.train.drop_zero_adv_groups is dropped
+    assert cfg.train.drop_zero_adv_groups in ("auto", dropped)  # the loaded config keeps what was written
+
+
+def test_drop_zero_adv_groups_takes_only_auto_true_false():
+    # 1 == True in Python: the Literal check is typed, so an integer is refused, not stored as 1.
+    with pytest.raises(ConfigError, match=r"train.drop_zero_adv_groups=1 is not one of 'auto', True, False"):
+        load_config(None, ["train.drop_zero_adv_groups=1"])
 
 
 def test_float_written_without_dot_is_accepted():

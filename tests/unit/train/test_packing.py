@@ -149,11 +149,12 @@ def test_flash_attention_packs_a_micro_batch_into_one_row():
         load_config(None, [*fa, "train.pack_row_tokens=4096"])
     assert load_config(None, fa).train.pack_row_tokens == 0
     # what the runner's learner packs with: one row under flash-attention, bins of the longest sequence otherwise
+    from rl_training.config.resolve import resolve
     from rl_training.config.schema import derive
     from rl_training.train.learner import Learner
 
     def learner_packing(overrides):
-        cfg = load_config(None, overrides)
+        cfg = resolve(load_config(None, overrides)).cfg  # as the runner builds it: auto values resolved
         parts = dict(model=None, optimizer=None, scheduler=None, params=[], probes=None, device=torch.device("cpu"))
         return Learner.from_config(cfg, derive(cfg, 1), max_trainable_tokens=8, pad_id=0, **parts).pack_row_tokens
 

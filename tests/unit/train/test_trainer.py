@@ -66,10 +66,58 @@ def test_dropping_zero_advantage_groups_keeps_the_gradient(policy, name):
     rewards = torch.tensor([0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9], dtype=torch.float64)  # groups 0, 2: A = 0
     adv = step_advantages(OBJECTIVES[name], rewards, G, torch.device("cpu"))
     assert (adv.view(4, G)[[0, 2]] == 0).all() and (adv.view(4, G)[[1, 3]] != 0).all()
-    g_all, _ = grads_after(policy, ro, adv, 2, objective=name)
-    g_drop, _ = grads_after(policy, ro, adv, 2, drop=True, objective=name)
+    # One group per micro-batch: a dropped group is a skipped micro-batch whose gradient is exactly 0, and
+    # adding exact zeros to the accumulated .grad changes no bit, so the update is bit-identical (any kernel).
+    g_all, _ = grads_after(policy, ro, adv, 1, objective=name)
+    g_drop, _ = grads_after(policy, ro, adv, 1, drop=True, objective=name)
     assert g_all.abs().max() > 1e-5  # the kept groups do move the policy
-    torch.testing.assert_close(g_drop, g_all, rtol=1e-9, atol=1e-12)
+    assert torch.equal(g_drop, g_all)
+    # Kept and dropped groups sharing a micro-batch: the same sum, over fewer rows (and maybe a narrower pad),
+    # which a matmul may block differently: equal to the reduction's round-off, like any micro-batch split
+    # (1e-16 relative in float64, 1e-7 in float32, measured on 32 sequences of up to 140 tokens).
+    g_drop2, _ = grads_after(policy, ro, adv, 2, drop=True, objective=name)
+    torch.testing.assert_close(g_drop2, g_all, rtol=1e-12, atol=1e-15)
+
+
+def test_learner_skips_zero_advantage_groups_and_counts_their_tokens(policy):
+    # The runner's path (Learner.learn, then the step's Part) with dropping on and off, same rewards: groups 0
+    # and 2 of 4 have equal rewards (A = 0). One group per micro-batch, so the update is bit-identical (see
+    # above), and train/skipped_token_frac is the trainable tokens of groups 0 and 2 over all 8 sequences'.
+    from rl_training.base.parts import assemble
+    from rl_training.base.timer import PhaseTimer
+    from rl_training.metrics.step import step_part
+    from rl_training.probes.probe import NullProbes
+    from rl_training.rollout.base import StepBatch
+    from rl_training.tasks.base import Scores
+    from rl_training.train.learner import Learner
+    from rl_training.train.update import UpdateHParams
+
+    ro = fake_rollouts(4, seed=1)
+    rewards = [0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9]
+    batch = StepBatch(list(range(4)), ro, G, [None] * 8)
+    params = trainable_parameters(policy)
+
+    def learn(drop):
+        opt = torch.optim.SGD(params, lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        learner = Learner(model=policy, optimizer=opt, scheduler=sched, params=params,
+                          hparams=UpdateHParams(max_grad_norm=0.0, kl_log_every=0), probes=NullProbes(),
+                          device=torch.device("cpu"), seqs_per_rank=8, max_trainable_tokens=8, micro_batch_groups=1,
+                          drop_zero_adv_groups=drop, pad_id=0, pack_row_tokens=None)  # fmt: skip
+        learned = learner.learn(batch, rewards, step=0)
+        scores = Scores(rewards, [False] * 8, [True] * 8)
+        part = step_part(ro, scores, learned.advantages, G, learned.stats, PhaseTimer(), learned.lr)
+        return torch.cat([p.grad.reshape(-1).clone() for p in params]), assemble([part], torch.device("cpu"))
+
+    g_all, m_all = learn(False)
+    g_drop, m_drop = learn(True)
+    assert torch.equal(g_drop, g_all) and g_all.abs().max() > 1e-5
+    lengths = [len(c) for c in ro.completion_ids]
+    skipped = sum(lengths[0:2]) + sum(lengths[4:6])
+    assert 0 < skipped < sum(lengths)
+    assert m_drop["train/skipped_token_frac"] == skipped / sum(lengths)
+    assert m_all["train/skipped_token_frac"] == 0.0
+    assert m_drop["rollout/zero_adv_group_frac"] == m_all["rollout/zero_adv_group_frac"] == 0.5  # groups 0, 2
 
 
 def test_dropping_zero_advantage_groups_would_lose_their_kl_gradient(policy):
