@@ -120,3 +120,17 @@ def encode_observation(tokenizer, text: str, max_tokens: int) -> tuple[list[int]
     """(ids, cut): a text observation as plain ids, at most max_tokens of them, and whether it was longer."""
     ids, _ = encode_prefix(tokenizer, text, max_tokens)
     return ids[:max_tokens], len(ids) > max_tokens
+
+
+def last_tagged(text: str, tag: str = "answer") -> str | None:
+    """The content of the last complete <tag>...</tag>, stripped; None without one. Exactly the last pair
+    re.finditer(rf"<{tag}>(.*?)</{tag}>", text, re.S) finds, in one pass: that pattern rescans the rest of the
+    text from every unclosed <tag> (quadratic: 0.5 s on 2,500 of them, 8 s on 10,000)."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    found, pos = None, 0
+    while (start := text.find(opening, pos)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:  # no later opening tag is closed either
+            break
+        found, pos = text[start + len(opening) : end], end + len(closing)
+    return None if found is None else found.strip()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl_training.data.sources import DataError, Example
+from rl_training.data.text import last_tagged
 from rl_training.tasks.base import Task, exact_answer_classes
 
 FAMILY = "reasoning-gym"
@@ -171,9 +172,9 @@ class ReasoningGymTask(Task):
         """The answer a completion commits to: the last <answer>...</answer> (tag), or all of it (plain)."""
         if self.answer_format == "plain":
             return completion.strip() or None
-        from reasoning_gym.utils import extract_answer
-
-        return extract_answer(completion)
+        # reasoning_gym.utils.extract_answer's pairs in one pass: its regex rescans the rest of the text from every
+        # unclosed <answer> (0.5 s on 20,000 characters of them, quadratic)
+        return last_tagged(completion, "answer")
 
     def reward(self, completion: str, example: Example) -> float:
         return float(self._datasets["train"].score_answer(self.answer(completion), example.meta["entry"]))

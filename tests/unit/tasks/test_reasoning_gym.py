@@ -7,14 +7,17 @@ from __future__ import annotations
 import collections
 import json
 import sys
+import time
 
 import pytest
+from hypothesis import given
 
 from rl_training.config.schema import ConfigError
 from rl_training.data.sources import DataError, load_examples, synthesized_row
 from rl_training.tasks.base import score_completions
 from rl_training.tasks.build import make_task
 from rl_training.tasks.reasoning_gym import ReasoningGymTask
+from tests.hostile import HOSTILE_TEXT
 
 SPELL = "reasoning-gym/spell_backward"
 
@@ -147,3 +150,28 @@ def test_without_the_package_the_name_is_one_line(monkeypatch):
     with pytest.raises(ConfigError) as e:
         make_task(SPELL)
     assert str(e.value).startswith(f"task.name={SPELL!r} needs the reasoning-gym package") and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------- model-written text (issue 38's rule)
+@given(HOSTILE_TEXT)
+def test_the_answer_is_reasoning_gyms_own_extraction_and_grading_is_total(text):
+    from reasoning_gym.utils import extract_answer
+
+    task = spell()
+    assert task.answer(text) == extract_answer(text)  # the same pairs, found in one pass
+    ex = task.examples("heldout")[0]
+    scores = score_completions(task, [text, f"{text}</answer><answer>{ex.reference}</answer>"], [ex, ex], timeout_s=5.0)
+    assert 0.0 <= scores.rewards[0] <= 1.0 and scores.errors == scores.timeouts == scores.invalid == 0
+    # a closed answer at the end is graded, whatever the model wrote before it (an unclosed tag in `text` pairs
+    # with the first closing tag: the added one)
+    assert scores.rewards[1] == 1.0
+
+
+def test_many_unclosed_answer_tags_are_one_pass():
+    # reasoning_gym.utils.extract_answer takes 8-14 s on these 90,000 characters (it rescans the rest of the text
+    # from every unclosed tag: quadratic, 0.5 s at 20,000); ours reads them once (~1 ms). The bound is loose for a
+    # busy machine, as in test_fuzz_graders.py.
+    task, text = spell(), "<answer>x" * 10_000
+    t0 = time.perf_counter()
+    assert task.answer(text) is None
+    assert time.perf_counter() - t0 < 0.5
