@@ -374,6 +374,12 @@ class ProbeCfg:
         ge=0,
     )
     step_time_per_group_s: float = _f(0.0, "t_u: marginal step time per prompt group (see step_time_fixed_s).", ge=0)
+    lora_health_every: int = _f(
+        10,
+        "LoRA health (lora/*: singular values of every adapter update, stable ranks, the rank-collapse alert; "
+        "docs/probes.md 8) after every this many steps, on rank 0 (needs probe.enabled); 0 = off.",
+        ge=0,
+    )
 
 
 @dataclass

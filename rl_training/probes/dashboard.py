@@ -80,6 +80,13 @@ LAYOUT = {
             ["probe/alert/ess_token", "probe/alert/batch"],
         ],
         "GNS invalid; levels disagree": ["Multiline", ["probe/alert/gns_invalid", "probe/alert/levels_disagree"]],
+        "LoRA rank collapse": ["Multiline", ["lora/alert/rank_collapse"]],
+    },
+    # every probe.lora_health_every steps (docs/probes.md 8); per module type and layer band: lora/*/<type>/<band>
+    "8 LoRA health": {
+        "stable rank: min and median over modules": ["Multiline", ["lora/stable_rank/min", "lora/stable_rank/median"]],
+        "entropy rank (min over modules) and the LoRA rank r": ["Multiline", ["lora/entropy_rank/min", "lora/rank"]],
+        "fraction of modules collapsed (stable rank < 1.2)": ["Multiline", ["lora/collapsed_frac"]],
     },
 }
 
@@ -169,4 +176,6 @@ ALERT_TEXT = {
     "(batch far below the noise scale; raise gns_ema_beta or the batch)",
     "probe/alert/levels_disagree": "tr(Sigma) differs across unit/micro/rank levels: correlated units "
     "(duplicate prompts, split groups) or a loss-scaling bug",
+    "lora/alert/rank_collapse": "most adapted modules put over 83% of their update in one direction (stable rank "
+    "< 1.2): LoRA rank collapse; read the trend of lora/stable_rank/* and lora/update_norm/* (docs/probes.md 8)",
 }

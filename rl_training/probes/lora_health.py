@@ -140,6 +140,12 @@ def health_metrics(names: list[str], sigmas: list[list[float]], n_layers: int) -
     return out
 
 
+def lora_health_due(every: int, step: int) -> bool:
+    """Whether the trainer computes LoRA health after update `step` (0-based; logged at step + 1): on every
+    `every`-th logged step, the adapter after `every`, 2 `every`, ... updates; `every` = 0: never."""
+    return every > 0 and (step + 1) % every == 0
+
+
 def lora_health(model) -> dict[str, float]:
     """The lora/* metrics of a peft model's active adapters (keys lora/stable_rank/<type>/<band>, ...).
     Reads weights only: no gradient, no forward; rank-local (every rank holds the same adapter)."""

@@ -46,6 +46,8 @@ KEY_CURVES = [
     ("GNS B/B_simple", "probe/gns/batch_ratio"),
     ("ESS token", "probe/ess/token"),
     ("ESS seq", "probe/ess/seq"),
+    ("LoRA stable rank median", "lora/stable_rank/median"),  # every probe.lora_health_every steps
+    ("LoRA stable rank min", "lora/stable_rank/min"),
     ("step time (s)", "perf/step_s"),
     ("tokens/s", "perf/tokens_per_s"),
 ]
@@ -59,6 +61,7 @@ PLOTS = [
     ("canary", "trainer vs sampler", ["rollout/logp_diff_mean", "rollout/logp_diff_max", "is/trunc_frac"]),
     ("gns", "gradient noise scale", ["probe/gns/b_simple", "probe/gns/batch_units", "probe/gns/recommended_batch"]),
     ("ess", "effective sample size", ["probe/ess/token", "probe/ess/seq", "probe/ess/ppo_token"]),
+    ("lora", "LoRA health (stable rank)", ["lora/stable_rank/median", "lora/stable_rank/min", "lora/entropy_rank/min"]),
 ]
 
 
@@ -191,6 +194,9 @@ def state_lines(run: RunView, last: int) -> list[str]:
         )
     out.append("   " + ck)
     alerts = sorted(k.split("/")[-1] for k, v in last_row.items() if k.startswith("probe/alert/") and v)
+    lora = [r for r in run.rows if "lora/alert/rank_collapse" in r]  # logged every probe.lora_health_every steps
+    if lora and lora[-1]["lora/alert/rank_collapse"]:
+        alerts.append(f"rank_collapse (LoRA, step {lora[-1]['step']})")
     if alerts:
         out.append("   probe alerts on: " + ", ".join(alerts))
     if run.torn_lines:

@@ -45,6 +45,7 @@ from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
+from rl_training.probes.lora_health import lora_health, lora_health_due
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
@@ -269,6 +270,10 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
             probed = run.probes.metrics()
+            # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
+            # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
+            if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
+                probed |= lora_health(run.model)
     if learned.ran:
         run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
     return step_metrics(run, step, batch, scores, learned, timer, {**probed, **run.backend.metrics(), **sampled})
@@ -332,9 +337,12 @@ def checkpoint(run: Run, step: int) -> None:
 
 
 def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
-    """Print a probe alert on rank 0 when it switches on (not every step it stays on)."""
+    """Print a probe alert on rank 0 when it switches on (not every step it stays on). A step that did not
+    compute an alert (LoRA health runs every probe.lora_health_every steps) leaves its state as it was."""
     for key, text in ALERT_TEXT.items():
-        value = metrics.get(key, 0.0)
+        if key not in metrics:
+            continue
+        value = metrics[key]
         if value and not run.alerts.get(key):
             dist.print0(f"[step {step}] probe alert {key}={value:g}: {text}")
         run.alerts[key] = value

@@ -9,7 +9,7 @@ import pytest
 
 from rl_training.probes.dashboard import LAYOUT, alerts
 from rl_training.runners import rl_runner
-from tests.helpers import REPO
+from tests.helpers import REPO, read_metrics
 
 
 def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
@@ -30,10 +30,19 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 "probe.step_time_fixed_s=1.0",
                 "probe.step_time_per_group_s=0.1",
                 "loss.correction=token_mask",  # its counts fill the correction chart
+                "probe.lora_health_every=2",  # the LoRA health charts: step 2 of 3
             ]
         )
         == 0
     )
+    # LoRA health on the steps after 2, 4, ... updates only (here step 2), with every key of docs/probes.md 8
+    rows = read_metrics(tmp_path / "runs" / "testconfig")
+    assert [m["step"] for m in rows if "lora/stable_rank/median" in m] == [2]
+    lora = {k: v for k, v in rows[1].items() if k.startswith("lora/")}
+    # testconfig adapts every linear of the 4-layer model: q/k/v/o/gate/up/down x bands early (layers 0, 1),
+    # middle (2), late (3) = 21 cells x 3 quantities + 6 overall keys
+    assert len(lora) == 7 * 3 * 3 + 6 and lora["lora/alert/rank_collapse"] == 0.0
+    assert 1.0 <= lora["lora/stable_rank/min"] <= lora["lora/stable_rank/median"] <= lora["lora/rank"]
     acc = EventAccumulator(str(tmp_path / "runs" / "testconfig" / "tb"))
     acc.Reload()
     raw = acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0]
@@ -60,12 +69,28 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 assert [s0.value, s0.lower, s0.upper] == intended
             assert len(intended) <= 3, chart.title
     assert len(acc.Scalars("probe/gns/trace_sigma_est@micro")) == 3
+    assert [e.step for e in acc.Scalars("lora/stable_rank/median")] == [2]
     # B* = sqrt(B_simple t_f / t_u) = sqrt(10 B_simple) wherever B_simple is defined
     for bs, star in zip(acc.Scalars("probe/gns/b_simple"), acc.Scalars("probe/gns/b_star"), strict=True):
         if math.isfinite(bs.value):  # (it is on all 3 steps of this run: ~25-200 groups)
             assert star.value == pytest.approx(math.sqrt(10 * bs.value), rel=1e-5)
         else:
             assert math.isnan(star.value)
+
+
+def test_alert_printed_when_it_switches_on_and_kept_on_steps_without_it(capsys):
+    # LoRA health is logged every probe.lora_health_every steps: a step without lora/alert/rank_collapse says
+    # nothing about it, so the alert, on at step 10, is not printed again at step 20 (absent at 11..19).
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(alerts={})
+    printed = []
+    for step in (10, 11, 20, 30, 40):
+        metrics = {"lora/alert/rank_collapse": {10: 1.0, 20: 1.0, 30: 0.0, 40: 1.0}[step]} if step != 11 else {}
+        rl_runner.report_alerts(run, metrics, step)
+        printed += [ln for ln in capsys.readouterr().out.splitlines() if "lora/alert/rank_collapse" in ln]
+    assert [ln.split("]")[0] for ln in printed] == ["[step 10", "[step 40"]
+    assert "LoRA rank collapse" in printed[0]
 
 
 def test_alert_rules():

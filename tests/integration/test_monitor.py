@@ -96,11 +96,14 @@ def test_monitor_reads_a_real_run(run_overrides, tmp_path, capsys):
     assert "[rl] step 2/2 (100%)  reward " in err and "rl: " not in err  # (transformers' load bar is its own)
     run_dir = tmp_path / "runs" / "testconfig"
     # Samples: 3 per step (testconfig: 4 prompts x 4 = 16 rollouts), every field, the sampler's policy version,
-    # and the per-sequence canary (fresh weights, float32 HF: the gap is round-off).
+    # and the per-sequence canary (fresh weights, float32 HF: the gap is round-off), absent (null) for a sample
+    # of a zero-advantage group, which train.drop_zero_adv_groups (on by default) never forwarded.
     samples = [json.loads(x) for f in sorted((run_dir / "samples").glob("*.jsonl")) for x in f.read_text().splitlines()]
     assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
     assert [s["policy_version"] for s in samples] == [0, 0, 0, 1, 1, 1]
-    assert all(0 <= s["logp_gap"] < 1e-3 and s["finish_reason"] in ("stop", "length") for s in samples)
+    gap = [s["logp_gap"] for s in samples]
+    assert all(0 <= g < 1e-3 if g is not None else s["advantage"] == 0 for g, s in zip(gap, samples, strict=True))
+    assert all(s["finish_reason"] in ("stop", "length") for s in samples)
     assert all(0 <= s["group"] < 4 and 0 <= s["index"] < 4 and s["prompt"].endswith("=") for s in samples)
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # W&B offline: the same scalars as metrics.jsonl, and the samples as a table per step.
@@ -114,3 +117,23 @@ def test_monitor_reads_a_real_run(run_overrides, tmp_path, capsys):
     assert "step 2/2 (finished)" in out and "last checkpoint: step 2 (2 kept)" in out
     assert "reward " in out and "KL " in out and "3 lowest-reward samples of step 2" in out
     assert (tmp_path / "plots" / "reward.png").exists() and (tmp_path / "plots" / "loss.png").exists()
+
+
+def test_lora_health_curves_and_alert_from_the_steps_that_logged_it(tmp_path):
+    # LoRA health every 5 steps: the monitor reads lora/* from the rows that have them, and reports the
+    # rank-collapse alert of the latest such row (step 10), though the last row (11) has none.
+    run_dir = make_run(tmp_path, steps=11)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:-1]  # without the torn line
+    rows = [json.loads(x) for x in lines]
+    for r in rows:
+        if r["step"] % 5 == 0:  # steps 5 and 10: stable ranks 3.0 then 1.1 (median), the alert on at 10
+            r.update({"lora/stable_rank/median": 3.0 if r["step"] == 5 else 1.1, "lora/stable_rank/min": 1.0,
+                      "lora/alert/rank_collapse": float(r["step"] == 10)})  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = monitor.load_run(run_dir)
+    text = monitor.report([run], last=11, samples=0)
+    assert "rank_collapse (LoRA, step 10)" in text
+    # median over its two logged values (3.0 + 1.1) / 2 = 2.05, change 1.1 - 3.0 = -1.9
+    row = next(ln for ln in text.splitlines() if ln.startswith("LoRA stable rank median"))
+    assert "2.05 / -1.9" in row
+    assert "lora.png" in {p.name for p in monitor.save_plots([run], tmp_path / "plots")}

@@ -36,6 +36,7 @@ SINGLE = [
     "eval.num_prompts=8",
     "eval.num_samples=2",
     "eval.ks=[1,2]",
+    "probe.lora_health_every=2",  # lora/* on step 2
 ]
 
 
