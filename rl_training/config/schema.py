@@ -107,6 +107,11 @@ class LoraCfg:
     target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
 
 
+# Task families whose problems are generated, split by the task itself: with no data.train / data.eval set, they read
+# 'task:train' / 'task:heldout' (config/load.py task_splits; tasks/reasoning_gym.py).
+GENERATED_SPLITS = ("reasoning-gym",)
+
+
 @dataclass
 class TaskCfg:
     """The task (rl_training/tasks, docs/extending.md): one object serves training, SFT, evals and synthesize."""
@@ -114,7 +119,8 @@ class TaskCfg:
     name: str = _f(
         "reverse",
         "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio, python_gsm8k, "
-        "python_math: docs/tools.md) or your own: "
+        "python_math: docs/tools.md), reasoning-gym/<dataset> or reasoning-gym (a weighted mix: its splits are the "
+        "data when data.train/eval are not set), or your own: "
         "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
         "(data.format, the old key, is read as task.name.)",
     )

@@ -446,3 +446,23 @@ def test_lora_ranks_vllm_cannot_serve_round_up_or_are_refused():
             load_config(None, [*sync, "lora.r=600"])
         load_config(None, [*sync, "lora.r=512"])
     load_config(None, ["lora.r=600"])  # merged weights (the default sync): any rank
+
+
+def test_a_task_that_makes_its_splits_reads_them_when_no_data_is_named(tmp_path):
+    from rl_training.config.schema import GENERATED_SPLITS
+    from rl_training.data.sources import TASK_SPLIT
+    from rl_training.tasks.build import FAMILIES
+    from rl_training.tasks.reasoning_gym import FAMILY, SPLITS
+
+    # the facts config/load.py relies on, from where they live
+    assert GENERATED_SPLITS == (FAMILY,) and FAMILY in FAMILIES and TASK_SPLIT == "task:"
+    assert SPLITS == ("train", "heldout")
+    cfg = load_config(None, ["task.name=reasoning-gym/spell_backward"])
+    assert (cfg.data.train, cfg.data.eval) == ("task:train", "task:heldout")
+    yaml_file = tmp_path / "rg.yaml"
+    yaml_file.write_text("task: {name: reasoning-gym, args: {datasets: {spell_backward: {}}}}\ndata: {eval: h.jsonl}\n")
+    cfg = load_config(yaml_file)
+    assert (cfg.data.train, cfg.data.eval) == ("task:train", "h.jsonl")  # what the config names stays
+    default = load_config(None, [])
+    assert default.data.train == "data/reverse/train.jsonl"  # any other task: the data keys' own defaults
+    assert load_config(None, ["task.name=reasoning-gym/x", "data.train=f.jsonl"]).data.train == "f.jsonl"
