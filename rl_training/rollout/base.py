@@ -22,7 +22,9 @@ class Rollouts:
     logprobs: list[list[float]]  # [N][len_i] the sampler's log-prob of each sampled token (after temperature)
     truncated: list[bool]  # [N] stopped by max_new_tokens, not by a stop token
     texts: list[str]  # [N] decoded completions, special tokens removed
-    # [N] the published policy version that sampled each sequence, where the backend knows it (server); else None
+    # [N] the policy version (optimizer steps taken by the weights) that sampled each sequence: every built-in
+    # backend fills it (the engine's weight-version tag, the server's, the HF model's own); None: a user's backend
+    # that does not know it (the weight guard then judges the canary alone)
     policy_version: list[int] | None = None
     # Multi-turn episodes (rollout/episodes.py); None for single-turn completions.
     loss_mask: list[list[int]] | None = None  # [N][len_i] 1 on sampled tokens, 0 on observations; None: all ones

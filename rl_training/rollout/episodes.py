@@ -81,6 +81,7 @@ class EpisodeSpec:
 class TurnSample:
     ids: list[int]  # sampled ids of the turn, the stop-completing token (or EOS) included
     logprobs: list[float]  # the sampler's processed log-prob of each
+    version: int | None = None  # the policy version that sampled the turn (Rollouts.policy_version)
 
 
 class TurnGenerator(Protocol):
@@ -132,6 +133,7 @@ class Episode:
     truncated: str = ""  # "" | "tokens" | "turns"
     error: str = ""  # "" | "env_error: <one line>" | "env_invalid: <why>": the environment ended the episode
     done: bool = False
+    version: int | None = None  # the oldest policy version among its sampled turns
 
     def fail(self, kind: str, why: str) -> None:
         self.error, self.done = f"{kind}: {clean_text(why)[:500]}", True
@@ -142,6 +144,8 @@ class Episode:
         self.mask += [1] * len(s.ids)
         self.turn += [turn] * len(s.ids)
         self.turns = turn
+        if s.version is not None:
+            self.version = s.version if self.version is None else min(self.version, s.version)
 
     def observe(self, obs: list[int]) -> None:
         self.ids += obs
@@ -314,6 +318,15 @@ def _apply(e: Episode, step: Step, turn: int, tokenizer, es: EpisodeSpec, vocab:
         e.observe(obs)
 
 
+def episode_versions(eps: list[Episode]) -> list[int] | None:
+    """Each episode's policy version: its turns' oldest (an episode ended before its first turn, which sampled
+    nothing, takes the batch's oldest); None when the backend reports no version."""
+    known = [e.version for e in eps if e.version is not None]
+    if not known:
+        return None
+    return [min(known) if e.version is None else e.version for e in eps]
+
+
 def _to_rollouts(eps: list[Episode], tokenizer, stats: Any, timing: dict) -> Rollouts:
     # The grader sees the sampled text only: neither the prompt nor an observation can score.
     sampled = [[t for t, m in zip(e.ids, e.mask, strict=True) if m] for e in eps]
@@ -326,6 +339,7 @@ def _to_rollouts(eps: list[Episode], tokenizer, stats: Any, timing: dict) -> Rol
         loss_mask=[e.mask for e in eps],
         turn_index=[e.turn for e in eps],
         episodes=[e.summary() for e in eps],
+        policy_version=episode_versions(eps),
         env_stats=stats,
         timing=timing,
     )

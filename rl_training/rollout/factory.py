@@ -26,7 +26,7 @@ BACKEND = Kind(
 def hf_backend(ctx: BackendContext) -> RolloutBackend:
     from rl_training.rollout.hf import HFBackend
 
-    return HFBackend(ctx.model, ctx.tokenizer, ctx.cfg.rollout.gen_batch_size)
+    return HFBackend(ctx.model, ctx.tokenizer, ctx.cfg.rollout.gen_batch_size, start_version=ctx.start_step)
 
 
 def vllm_backend(ctx: BackendContext) -> RolloutBackend:

@@ -1,6 +1,7 @@
 """Rollouts with transformers `generate` on the trainer's own (peft) model: the reference backend.
 
-It shares the trainer's weights, so sync is a no-op and there is nothing to sleep. Sampling is from
+It shares the trainer's weights, so sync only counts the policy version (its completions carry the trainer's
+version by construction) and there is nothing to sleep. Sampling is from
 softmax(logits / T) over the full vocabulary (top-p when asked), the distribution the trainer scores: every
 other knob of `generate` is passed at its neutral value (`neutral_generation_config`), because transformers
 fills whatever a passed config leaves unset from the model's own generation_config, and checkpoints ship
@@ -159,8 +160,10 @@ def seeded(seed: int | None):
 class HFBackend:
     name = "hf"
 
-    def __init__(self, model, tokenizer, batch_size: int = 256):
+    def __init__(self, model, tokenizer, batch_size: int = 256, start_version: int = 0):
+        """`start_version`: the optimizer steps the model has taken (a resumed run's step); +1 per sync."""
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.version = start_version
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id
         gen = getattr(model, "generation_config", None)
@@ -209,7 +212,7 @@ class HFBackend:
                     truncated.append(trunc)
         self.model.train(was_training)
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        return Rollouts(expanded, completions, logprobs, truncated, texts)
+        return Rollouts(expanded, completions, logprobs, truncated, texts, [self.version] * len(completions))
 
     def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
         """One turn of multi-turn episodes (rollout/episodes.py). Rows stop at EOS or a stop string
@@ -227,12 +230,12 @@ class HFBackend:
                 rows, lps = self._generate_batch(batch, turn_spec, tuple(stop))
                 for row, lp, cap in zip(rows, lps, caps, strict=True):
                     k = turn_end(row, self.tokenizer, tuple(stop), self.stop_ids, cap)
-                    turns.append(TurnSample(row[:k], lp[:k]))
+                    turns.append(TurnSample(row[:k], lp[:k], self.version))
         self.model.train(was_training)
         return turns
 
     def sync_weights(self, model) -> None:
-        pass  # generation runs on the trainer's model itself
+        self.version += 1  # generation runs on the trainer's model itself: nothing to send
 
     def sleep(self) -> None:
         pass

