@@ -108,8 +108,6 @@ def step_part(
             "rollout/zero_adv_group_frac": sums["zero_adv"] / sums["groups"],
             "rollout/reward_fn_errors": sums["errors"] + sums["timeouts"] + sums["invalid"],
             "rollout/reward_fn_timeouts": sums["timeouts"],
-            "rollout/logp_diff_mean": sums["logp_diff"] / tok,
-            "rollout/logp_diff_max": maxes["logp_diff_max"],
             "is/ratio_mean": sums["is_ratio"] / tok,  # rho = pi_train / pi_rollout on sampled tokens
             "is/ratio_max": maxes["is_ratio_max"],
             # DDP semantics: the step loss is the mean of the ranks' losses (each already / its normaliser).
@@ -126,6 +124,9 @@ def step_part(
             "perf/tokens_per_s": sums["len"] / max(step_time, 1e-9),
             "perf/gen_tokens_per_s": sums["len"] / max(maxes.get("t_generate", 0.0), 1e-9),
         }
+        if sums["tokens"] > 0:  # the canary over the trained tokens; none when every group was skipped (no forward)
+            out["rollout/logp_diff_mean"] = sums["logp_diff"] / tok
+            out["rollout/logp_diff_max"] = maxes["logp_diff_max"]
         if stats.kl_measured:  # steps without the reference forward (loss.kl_log_every) log no KL, not a 0
             out["train/kl"] = sums["kl"] / tok
         # the off-policy correction's counts (loss.correction), each over the step's tokens or sequences

@@ -78,16 +78,21 @@ def make_micro_batches(
 
     The partition into micro-batches is fixed first (consecutive blocks of the rollout order, which is the
     seeded prompt order); dropping zero-advantage groups then removes them inside their block, and a block
-    left empty is not returned. Dropping never re-packs across blocks: the micro-level GNS needs each
-    micro-batch to be a random block of units, whatever their advantages (`n_units` keeps its full size).
+    left empty is not returned (when every group would go, the first stays: the canary's tokens). Dropping never
+    re-packs across blocks: the micro-level GNS needs each micro-batch to be a random block of units, whatever
+    their advantages (`n_units` keeps its full size).
     `pack_row_tokens` not None: each micro-batch also carries its sequences packed without padding into rows
     of max(pack_row_tokens, longest sequence) tokens (rl_training/train/packing.py), which the model then runs on."""
     n_groups = len(rollouts) // group_size
     zero = zero_adv_groups(advantages, group_size)
+    blocks = [list(range(s, min(s + groups_per_micro, n_groups))) for s in range(0, n_groups, groups_per_micro)]
+    kept = [[g for g in b if not zero[g]] if drop_zero_adv_groups else b for b in blocks]
+    if blocks and not any(kept):
+        # Every group skipped: keep the first anyway (zero advantages and no KL: its gradient is exactly 0), so that
+        # the trainer-vs-sampler canary and the weight guard still see this rank's rollouts every step.
+        kept[0] = blocks[0][:1]
     out = []
-    for s in range(0, n_groups, groups_per_micro):
-        block = list(range(s, min(s + groups_per_micro, n_groups)))
-        gids = [g for g in block if not zero[g]] if drop_zero_adv_groups else block
+    for block, gids in zip(blocks, kept, strict=True):
         if not gids:
             continue
         rows = [g * group_size + i for g in gids for i in range(group_size)]

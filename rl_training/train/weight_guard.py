@@ -66,24 +66,26 @@ class WeightGuard:
 
     def part(self, step: int, policy_versions: list[int] | None) -> Part:
         """Batch `step` (0-based) judged as a Part of the step's metrics (base/parts.py): the versions that sampled
-        it are maxed over ranks, the canary is the step's rollout/logp_diff_mean (logged before this Part);
-        finishing it updates the guard and logs the guard/* metrics."""
+        it are maxed over ranks, the canary is the step's rollout/logp_diff_mean (logged before this Part; absent
+        when no rank trained a token, every group skipped: then the canary streak is left as it was, neither reset
+        nor extended); finishing it updates the guard and logs the guard/* metrics."""
         lo, hi = (min(policy_versions), max(policy_versions)) if policy_versions else (step, step)
 
         def finish(sums: dict, flags: dict, logged: dict) -> dict[str, float]:
-            return self._judge(step, flags, logged.get("rollout/logp_diff_mean", 0.0))
+            return self._judge(step, flags, logged.get("rollout/logp_diff_mean"))
 
         return Part(maxes={"low": float(step - lo), "high": float(hi - step)}, finish=finish)
 
-    def _judge(self, step: int, flags: dict[str, float], canary: float) -> dict[str, float]:
+    def _judge(self, step: int, flags: dict[str, float], canary: float | None) -> dict[str, float]:
         if flags["low"] > self.k or flags["high"] > 0:
             oldest, newest = step - int(flags["low"]), step + int(flags["high"])
             self.bad_version = (
                 f"batch {step + 1} was sampled by policy versions {oldest}..{newest}, outside "
                 f"[{max(0, step - self.k)}, {step}] (rollout.max_async_level={self.k})"
             )
-        over = self.judges_canary and not (canary <= self.max_diff)  # a NaN canary counts too
-        if over:
+        if canary is None:  # nothing was measured: no evidence either way
+            pass
+        elif self.judges_canary and not (canary <= self.max_diff):  # a NaN canary counts too
             self.streak += 1
             self.over_steps += 1
             self.recent = [*self.recent, canary][-self.stop_steps or None :]

@@ -142,7 +142,7 @@ def test_min_new_tokens_makes_every_completion_reach_the_cap(backend, run_overri
         over = [*run_overrides, *extra, "rollout.max_new_tokens=24", f"rollout.min_new_tokens={m}"]
         run = rl_runner.setup(load_config(TESTCFG, over), dist.init_distributed())
         try:
-            _, ro = rl_runner.generate_step(run, 0)
+            ro = rl_runner.generate_step(run, 0).rollouts
         finally:
             run.backend.close()
         lengths[m] = [len(c) for c in ro.completion_ids]

@@ -21,7 +21,10 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
 CFG = str(REPO / "cfg" / "search_cpu.yaml")
-SMALL = ["vllm.kv_cache_gb=0.1", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_groups=2"]
+# The per-turn canary is measured on the trained tokens: keep every group (a step whose groups all got one reward
+# would skip them all and log no canary: train.drop_zero_adv_groups' default).
+SMALL = ["vllm.kv_cache_gb=0.1", "rollout.prompts_per_step=4", "rollout.group_size=4", "train.micro_batch_groups=2",
+         "train.drop_zero_adv_groups=false"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

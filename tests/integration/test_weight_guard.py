@@ -187,5 +187,8 @@ def test_healthy_hf_runs_never_trip(run_overrides, monkeypatch, capsys, dtype, h
     # The HF backend samples with the trainer's own model: the canary is generation-vs-forward round-off.
     status, metrics, err = run([*run_overrides, f"model.dtype={dtype}"], monkeypatch, None, capsys)
     assert status == 0, err[-2000:]
-    print(f"healthy hf {dtype} canary", [m["rollout/logp_diff_mean"] for m in metrics])
-    assert all(m["guard/canary_streak"] == 0 and m["rollout/logp_diff_mean"] < healthy_max for m in metrics)
+    # a step whose groups all got one reward trains no token and logs no canary (train.drop_zero_adv_groups)
+    measured = [m["rollout/logp_diff_mean"] for m in metrics if "rollout/logp_diff_mean" in m]
+    print(f"healthy hf {dtype} canary", measured)
+    assert measured and all(c < healthy_max for c in measured)
+    assert all(m["guard/canary_streak"] == 0 for m in metrics)

@@ -21,8 +21,9 @@ from rl_training.algs.objectives import (
     leave_one_out_advantages,
     policy_loss,
 )
+from rl_training.base.parts import assemble
 from rl_training.base.timer import PhaseTimer
-from rl_training.metrics.step import step_metrics
+from rl_training.metrics.step import step_part
 from rl_training.runners import rl_runner
 from rl_training.tasks.base import Scores
 from rl_training.train.update import TrainStats, make_micro_batches, step_advantages
@@ -268,7 +269,7 @@ def test_equal_float32_rewards_give_exactly_zero_advantages(name):
     assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, False)] == [[0, 1]]
     # The logged fraction counts it: 1 of 2 groups.
     scores = Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
-    m = step_metrics(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
+    m = assemble([step_part(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4)], cpu)
     assert m["rollout/zero_adv_group_frac"] == 0.5
     assert not any(k.startswith("reward/") for k in m)  # a task without parts or counts logs none
 
@@ -281,7 +282,7 @@ def test_task_reward_parts_and_counts_are_logged():
     adv = torch.zeros(4, dtype=torch.float64)
     scores = Scores([1.0, 0.0, 0.0, 0.0], [True] + [False] * 3, [True] * 4, 0, 0, 0)
     scores.parts, scores.counts = {"pass_frac": [1.0, 0.5, 0.0, 0.5]}, {"fail_timeout": 3.0}
-    m = step_metrics(ro, scores, adv, 2, TrainStats(epochs=1), PhaseTimer(), 1e-4, cpu)
+    m = assemble([step_part(ro, scores, adv, 2, TrainStats(epochs=1), PhaseTimer(), 1e-4)], cpu)
     assert m["reward/pass_frac_mean"] == 0.5 and m["reward/fail_timeout"] == 3.0
 
 

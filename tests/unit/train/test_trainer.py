@@ -360,3 +360,20 @@ def test_masked_dr_grpo_gradient_equals_the_sum_over_sampled_tokens(policy):
     (total / (len(ro) * 8)).backward()
     ref = torch.cat([p.grad.reshape(-1) for p in params])
     torch.testing.assert_close(g, ref, rtol=1e-8, atol=1e-12)
+
+
+def test_a_step_whose_groups_all_skip_still_feeds_the_canary(policy):
+    # 3 groups, every advantage 0 (each group got one reward): dropping would train no token and leave the weight
+    # guard blind on exactly the steps a broken sync produces (garbage rollouts, all rewards 0). The first group
+    # stays: its gradient is exactly 0 (A = 0, no KL), and the canary measures its tokens.
+    ro = fake_rollouts(3)
+    adv = torch.zeros(len(ro), dtype=torch.float64)
+    mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
+    assert [mb.group_ids for mb in mbs] == [[0]]
+    g, stats = grads_after(policy, ro, adv, 2, drop=True)
+    assert torch.count_nonzero(g) == 0
+    assert stats.tokens == sum(len(ro.completion_ids[i]) for i in range(G)) and stats.logp_absdiff_sum > 0
+    # one kept group is enough: then nothing else is added
+    adv[G : 2 * G] = torch.tensor([0.5, -0.5], dtype=torch.float64)
+    mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
+    assert [mb.group_ids for mb in mbs] == [[1]]

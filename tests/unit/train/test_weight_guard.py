@@ -105,3 +105,15 @@ def test_error_is_a_user_error_with_its_own_exit_status():
     from rl_training.base.errors import UserError
 
     assert issubclass(WeightStateError, UserError) and WeightStateError.exit_status == 70
+
+
+def test_a_step_that_trained_no_token_leaves_the_canary_streak_alone():
+    # Every group skipped (zero advantages, train.drop_zero_adv_groups): no forward, no canary logged. Steps
+    # 0-1 over the threshold, step 2 unmeasured, step 3 over: the streak is 1, 2, 2, 3 (an unmeasured step
+    # neither resets nor extends it), and it still trips at 3.
+    g = guard("rollout.canary_stop_steps=3")
+    streaks = [feed(g, [1.0], start=0), feed(g, [1.0], start=1)]
+    unmeasured = assemble([Part(ready={}), g.part(2, None)], CPU)
+    assert unmeasured["guard/canary_streak"] == 2 and not g.tripped()
+    streaks.append(feed(g, [1.0], start=3))
+    assert streaks == [[1.0], [2.0], [3.0]] and g.tripped()
