@@ -235,9 +235,11 @@ def test_dropping_zero_advantage_groups_leaves_the_advantage_ess_unchanged(setup
     assert dropped["probe/ess/adv_token"] == pytest.approx(expect, rel=1e-12)
 
 
-def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history(setup):
-    # Nothing was weighted: token ESS undefined (ess/defined = 0, ESS 0 by the E3 convention). That is no
-    # "critical" mismatch, and no 0 may enter the drop rule's history.
+def test_step_with_nothing_observed_raises_no_ess_alert_and_keeps_the_history(setup):
+    # A step whose probes observed no micro-batch (a rank without rollouts; a step whose groups are all skipped
+    # keeps one for the canary, update.py make_micro_batches, so that is rarer now): nothing was weighted, token
+    # ESS undefined (ess/defined = 0, ESS 0 by the E3 convention). That is no "critical" mismatch, and no 0 may
+    # enter the drop rule's history.
     model, ro, adv, norm = setup
     probes = run_step_with_probes(model, ro, adv, norm, 2)
     first = probes.metrics()
@@ -247,9 +249,7 @@ def test_step_with_every_group_dropped_raises_no_ess_alert_and_keeps_the_history
     try:
         model.zero_grad(set_to_none=True)  # no backward runs in this step
         probes.begin_step(G, zero, [len(c) for c in ro.completion_ids])
-        mbs = make_micro_batches(ro, zero, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
-        assert mbs == []
-        probes.before_allreduce()
+        probes.before_allreduce()  # no micro-batch observed
         probes.after_allreduce()
         m = probes.metrics()
     finally:
