@@ -426,6 +426,13 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
 
 
 def check_training_losses(cfg: Config, where: str = "") -> None:
+    if cfg.probe.advisor and not cfg.probe.enabled:
+        raise ConfigError(f"{where}probe.advisor=true with probe.enabled=false: the advisor is a probe; enable both")
+    if cfg.probe.advisor and cfg.model.gradient_checkpointing:
+        raise ConfigError(
+            f"{where}probe.advisor=true with model.gradient_checkpointing=true: the advisor reads the unit level's "
+            "per-sequence capture, which a recompute would fire twice; set one of them off"
+        )
     if cfg.train.drop_zero_adv_groups is True and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}train.drop_zero_adv_groups=true with loss.kl_coef={cfg.loss.kl_coef}: a zero-advantage "

@@ -97,6 +97,8 @@ def resolve(
             cfg.loss.clip_high = chosen.clip_high
     if cfg.train.drop_zero_adv_groups == "auto":  # exact only without a KL term (algs/objectives.py)
         cfg.train.drop_zero_adv_groups = cfg.loss.kl_coef == 0
+    if cfg.probe.advisor and "unit" not in cfg.probe.gns_levels:  # the advisor reads the unit level's capture
+        cfg.probe.gns_levels = ["unit", *cfg.probe.gns_levels]
     derived = derive(cfg, world_size) if world_size is not None else None
     if upload:
         resolve_target(cfg.sync, derive(cfg, world_size or 1).run_dir)

@@ -380,6 +380,12 @@ class ProbeCfg:
         ge=0,
     )
     step_time_per_group_s: float = _f(0.0, "t_u: marginal step time per prompt group (see step_time_fixed_s).", ge=0)
+    advisor: bool = _f(
+        False,
+        "The rollout-budget advisor (docs/probes.md 9-10): between/within-prompt gradient noise (probe/anova/*) and "
+        "the recommended completions per prompt K* and prompts per step B* (probe/advisor/*), logged every "
+        "probe.unit_every steps; adds the unit level to probe.gns_levels (its capture is what it reads).",
+    )
     lora_health_every: int = _f(
         10,
         "LoRA health (lora/*: singular values of every adapter update, stable ranks, the rank-collapse alert; "

@@ -31,6 +31,26 @@ def waste_fraction(pass_rates: Sequence[float], k: int) -> float:
     return sum(p**k + (1 - p) ** k for p in pass_rates) / len(pass_rates)
 
 
+def group_waste(rewards: Sequence[float], k_max: int) -> list[float]:
+    """A prompt's smoothed chance that k completions all get one reward, for k = 1..k_max, from its group's K
+    rewards (docs/probes.md 10.2): Laplace's rule over the distinct values seen, q_v = (n_v + 1)/(K + m) for m
+    >= 2 values; one value seen (all K equal) keeps an unseen second outcome, q = (K + 1)/(K + 2) and 1/(K + 2).
+    Then w(k) = sum_v q_v^k. For binary rewards with s successes this is p^k + (1 - p)^k at the Laplace
+    rate p = (s + 1)/(K + 2); a reward no other completion shares adds little (q_v^k with q_v = 2/(K + m)).
+    Total on any finite rewards (values are compared exactly: a zero advantage needs exactly equal rewards)."""
+    n = len(rewards)
+    if n == 0:
+        return [0.0] * k_max
+    counts: dict[float, int] = {}
+    for r in rewards:
+        counts[r] = counts.get(r, 0) + 1
+    if len(counts) == 1:
+        q = [(n + 1) / (n + 2), 1 / (n + 2)]
+    else:
+        q = [(c + 1) / (n + len(counts)) for c in counts.values()]
+    return [sum(v**k for v in q) for k in range(1, k_max + 1)]
+
+
 @dataclass(frozen=True)
 class SplitCosts:
     """What the best split depends on besides the noise: the costs, the pass rates and the bounds on K."""
@@ -40,12 +60,25 @@ class SplitCosts:
     pass_rates: tuple[float, ...] = ()  # per prompt, for the zero-advantage waste; () ignores waste
     k_min: int = 2
     k_max: int = 64
+    # w(k) for k = 1..len measured directly (the mean of group_waste over prompts); replaces pass_rates and
+    # bounds k_max by its length
+    waste_by_k: tuple[float, ...] = ()
+
+    def waste(self, k: int) -> float:
+        """w(K): the expected fraction of groups of K completions that teach nothing."""
+        if self.waste_by_k:
+            return self.waste_by_k[k - 1]
+        return waste_fraction(self.pass_rates, k)
+
+    @property
+    def has_waste(self) -> bool:
+        return bool(self.waste_by_k or self.pass_rates)
 
 
 def variance_cost(k: int, trace_between: float, trace_within: float, costs: SplitCosts) -> float:
     """f(K): the step's gradient variance (per unit signal, up to a constant) times its cost; inf when every
     group would be wasted."""
-    keep = 1 - waste_fraction(costs.pass_rates, k)
+    keep = 1 - costs.waste(k)
     if keep <= 0:
         return math.inf
     return (trace_between + trace_within / k) * (costs.c_prompt + costs.c_rollout * k) / keep
@@ -62,7 +95,7 @@ def best_k(trace_between: float, trace_within: float, costs: SplitCosts) -> int:
     """The integer K in [k_min, k_max] minimising f. Without waste from the closed form (f is convex: the
     better of floor and ceil of K*, clipped); with waste by evaluating f at every K in the range."""
     k_min, k_max = costs.k_min, costs.k_max
-    if costs.pass_rates:
+    if costs.has_waste:
         return min(range(k_min, k_max + 1), key=lambda k: variance_cost(k, trace_between, trace_within, costs))
     ks = k_star_continuous(trace_between, trace_within, costs)
     lo = min(max(math.floor(min(ks, k_max)), k_min), k_max)
@@ -70,10 +103,13 @@ def best_k(trace_between: float, trace_within: float, costs: SplitCosts) -> int:
     return min((lo, hi), key=lambda k: variance_cost(k, trace_between, trace_within, costs))  # lo on ties
 
 
-def critical_rollouts(k: int, trace_between: float, trace_within: float, grad_sq_norm: float, pass_rates=()) -> float:
+def critical_rollouts(
+    k: int, trace_between: float, trace_within: float, grad_sq_norm: float, pass_rates=(), waste: float | None = None
+) -> float:
     """The noise scale in completions per step at K: (K tr S_b + tr S_w) / (|G|^2 (1 - w(K))), i.e. B_simple
-    in groups (tr Sigma_g / |G|^2 over the informative fraction) times K. NaN unless |G|^2 > 0."""
-    keep = 1 - waste_fraction(pass_rates, k)
+    in groups (tr Sigma_g / |G|^2 over the informative fraction) times K. NaN unless |G|^2 > 0. `waste`: w(K)
+    given directly (else from `pass_rates`)."""
+    keep = 1 - (waste_fraction(pass_rates, k) if waste is None else waste)
     if not grad_sq_norm > 0 or keep <= 0:
         return math.nan
     return (k * trace_between + trace_within) / (grad_sq_norm * keep)
@@ -106,7 +142,8 @@ def advise(
     monotone in the ratio tr S_w / tr S_b (f depends on it and the costs only), so the ratio's band maps to
     a band of K*."""
     sb, sw, g2 = estimate["trace_between"], estimate["trace_within"], estimate["grad_sq_norm"]
-    costs = replace(costs, k_max=min(costs.k_max, completions_per_step))
+    k_max = min(costs.k_max, completions_per_step, len(costs.waste_by_k) or costs.k_max)
+    costs = replace(costs, k_max=k_max, k_min=min(costs.k_min, k_max))
     nan = math.nan
     if not (sb > 0 and sw >= 0 and costs.c_prompt >= 0 and costs.c_rollout > 0):
         return Advice(nan, nan, nan, nan, nan, nan, False, False)
@@ -121,5 +158,5 @@ def advise(
     eff = variance_cost(k, sb, sw, costs) / variance_cost(current_k, sb, sw, costs)
     outside = not (k_lo <= current_k <= k_hi)  # NaN ends (warm-up) compare False: "outside", but not trusted
     b = max(b_multiple, completions_per_step // k // b_multiple * b_multiple)
-    crit = critical_rollouts(k, sb, sw, g2, costs.pass_rates)
+    crit = critical_rollouts(k, sb, sw, g2, waste=costs.waste(k))
     return Advice(float(k), float(b), k_lo, k_hi, eff, crit, trusted and outside and eff < FAR_EFFICIENCY, trusted)

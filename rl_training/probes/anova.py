@@ -128,7 +128,8 @@ class AnovaState:
     @property
     def se(self) -> dict[str, float]:
         """Standard error of the smoothed estimates: per-step sd / sqrt(N_eff)."""
-        return {q: s / math.sqrt(self.n_eff) for q, s in self.per_step_se.items()}
+        n = self.n_eff
+        return {q: s / math.sqrt(n) if n > 0 else math.nan for q, s in self.per_step_se.items()}
 
     def _ratio_band(self, z: float = 2.0) -> tuple[float, float]:
         c = self.covariance()

@@ -8,7 +8,9 @@
   LoRA linear y = base(x) + B(A(x)) * s, a sequence's gradients are sum_t dA_t^T x_t (for A) and
   sum_t dv_t^T u_t (for B), where u = A(x), v = B(u), and dA, dv are the gradients at A's and B's outputs.
   Forward hooks on peft's lora_A / lora_B modules register tensor hooks on their outputs; the per-sequence
-  gradients are summed over each group's G consecutive rows and square-summed over all layers.
+  gradients are summed over each group's G consecutive rows and square-summed over all layers. Armed with the
+  group size, one flush also gives each sequence's squared norm (the nested ANOVA's per-completion input,
+  docs/probes.md 9.4): the products are formed per sequence and summed into groups, the same FLOPs.
   Not valid with gradient checkpointing (the recompute fires forward hooks twice), so the caller disables it.
 Neither class calls `zero_grad` or modifies any gradient (PITFALLS: probes must not touch training grads), and
 neither raises from a hook: an exception there would abort the training backward, so it is kept in `.error`
@@ -105,6 +107,9 @@ class LoraUnitCapture:
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_bytes = 0
         self._group_tokens: torch.Tensor | None = None
+        self._seq_tokens: torch.Tensor | None = None
+        self._group_size = 0  # > 0: per-sequence norms too
+        self._seq_acc: torch.Tensor | None = None
         self._handles = []
         for a, b in self.pairs:
             self._handles.append(a.register_forward_hook(self._on_forward))
@@ -130,8 +135,11 @@ class LoraUnitCapture:
             self.error = e
 
     def _flush(self) -> None:
-        """Per-group squared norms of every pending weight gradient, one batched bmm per shape."""
-        n, gather = self._groups, self._group_tokens
+        """Per-group (and, armed with the group size, per-sequence) squared norms of every pending weight
+        gradient, one batched bmm per shape."""
+        n, gather, k = self._groups, self._group_tokens, self._group_size
+        if k:
+            gather = self._seq_tokens  # products per sequence, then summed over each group's k sequences
         by_shape: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for g, x in self._pending:
             by_shape.setdefault((tuple(g.shape), tuple(x.shape), g.dtype), []).append((g, x))
@@ -141,20 +149,37 @@ class LoraUnitCapture:
             if g.dtype in (torch.float16, torch.bfloat16):
                 g, x = g.float(), x.float()
             L = g.shape[0]
-            if gather is not None:  # packed rows: each group's tokens gathered, a zero row for its padding
+            if gather is not None:  # packed rows: each unit's tokens gathered, a zero row for its padding
                 g, x = _gather_groups(g, gather), _gather_groups(x, gather)
-            g = g.reshape(L * n, -1, g.shape[-1])  # rows are group by group: each group's G*T positions
-            x = x.reshape(L * n, -1, x.shape[-1])
-            per_group = torch.bmm(g.transpose(1, 2), x)  # [L*n, out, in]
-            self._acc += torch.linalg.vector_norm(per_group, dim=(1, 2)).square().view(L, n).sum(0)
+            units = n * k if k else n  # rows are unit by unit: a sequence's T (or a group's G*T) positions
+            g = g.reshape(L * units, -1, g.shape[-1])
+            x = x.reshape(L * units, -1, x.shape[-1])
+            per_unit = torch.bmm(g.transpose(1, 2), x)  # [L*units, out, in]
+            if k:
+                self._seq_acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(L, units).sum(0)
+                per_unit = per_unit.view(L * n, k, *per_unit.shape[1:]).sum(1)
+            self._acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(L, n).sum(0)
         self._pending, self._pending_bytes = [], 0
 
-    def arm(self, n_groups: int, group_tokens: torch.Tensor | None = None) -> None:
+    def arm(
+        self,
+        n_groups: int,
+        group_tokens: torch.Tensor | None = None,
+        *,
+        group_size: int = 0,
+        seq_tokens: torch.Tensor | None = None,
+    ) -> None:
         """Arm around one forward + backward of a micro-batch holding `n_groups` whole prompt groups, its rows
         group by group, or packed: `group_tokens` [n_groups, Tg] flat row positions of each group's tokens
-        (PackedRows.group_tokens; R*W = none)."""
-        self._group_tokens = group_tokens
-        self._acc = torch.zeros(n_groups, dtype=torch.float64, device=next(self.pairs[0][0].parameters()).device)
+        (PackedRows.group_tokens; R*W = none). `group_size` > 0: also each sequence's squared norm
+        (`seq_sq_norms`); packed, `seq_tokens` [n_groups * group_size, Ts] (PackedRows.seq_tokens) then
+        replaces `group_tokens`."""
+        if group_size and group_tokens is not None and seq_tokens is None:
+            raise ValueError("per-sequence capture of packed rows needs seq_tokens (PackedRows.seq_tokens)")
+        self._group_tokens, self._seq_tokens, self._group_size = group_tokens, seq_tokens, group_size
+        device = next(self.pairs[0][0].parameters()).device
+        self._acc = torch.zeros(n_groups, dtype=torch.float64, device=device)
+        self._seq_acc = torch.zeros(n_groups * group_size, dtype=torch.float64, device=device)
         self._groups = n_groups
         self.forwards = self.backwards = 0
         self.error = None
@@ -169,8 +194,8 @@ class LoraUnitCapture:
             self._pending, self._pending_bytes = [], 0
 
     @contextmanager
-    def capture(self, n_groups: int, group_tokens: torch.Tensor | None = None):
-        self.arm(n_groups, group_tokens)
+    def capture(self, n_groups: int, group_tokens: torch.Tensor | None = None, **per_sequence):
+        self.arm(n_groups, group_tokens, **per_sequence)
         try:
             yield self
         finally:
@@ -185,6 +210,11 @@ class LoraUnitCapture:
     def unit_sq_norms(self) -> torch.Tensor:
         """[n_groups] squared norms of each group's contribution to the accumulated gradient."""
         return self._acc
+
+    @property
+    def seq_sq_norms(self) -> torch.Tensor:
+        """[n_groups * group_size] squared norms of each sequence's contribution (armed with the group size)."""
+        return self._seq_acc
 
     def remove(self) -> None:
         for h in self._handles:

@@ -80,13 +80,37 @@ LAYOUT = {
             ["probe/alert/ess_token", "probe/alert/batch"],
         ],
         "GNS invalid; levels disagree": ["Multiline", ["probe/alert/gns_invalid", "probe/alert/levels_disagree"]],
-        "LoRA rank collapse": ["Multiline", ["lora/alert/rank_collapse"]],
+        "LoRA rank collapse; rollout split far from the advice": [
+            "Multiline",
+            ["lora/alert/rank_collapse", "probe/alert/rollout_split"],
+        ],
     },
     # every probe.lora_health_every steps (docs/probes.md 8); per module type and layer band: lora/*/<type>/<band>
     "8 LoRA health": {
         "stable rank: min and median over modules": ["Multiline", ["lora/stable_rank/min", "lora/stable_rank/median"]],
         "entropy rank (min over modules) and the LoRA rank r": ["Multiline", ["lora/entropy_rank/min", "lora/rank"]],
         "fraction of modules collapsed (stable rank < 1.2)": ["Multiline", ["lora/collapsed_frac"]],
+    },
+    # probe.advisor: every probe.unit_every steps (docs/probes.md 9-10)
+    "9 Rollout budget: completions per prompt": {
+        "K* with its +-2 SE band": ["Margin", ["probe/advisor/k_star", "probe/advisor/k_lo", "probe/advisor/k_hi"]],
+        "current K, K* without waste": ["Multiline", ["probe/advisor/k_current", "probe/advisor/k_star_no_waste"]],
+        "between- and within-prompt noise tr S_b, tr S_w (EMA)": [
+            "Multiline",
+            ["probe/anova/trace_between", "probe/anova/trace_within"],
+        ],
+        "tr S_w / tr S_b with its +-2 SE band": [
+            "Margin",
+            ["probe/anova/within_between_ratio", "probe/anova/ratio_lo", "probe/anova/ratio_hi"],
+        ],
+        "efficiency of the current split f(K*)/f(K); trusted": [
+            "Multiline",
+            ["probe/advisor/efficiency", "probe/advisor/trusted"],
+        ],
+        "critical rollouts per step; prompts per step B*": [
+            "Multiline",
+            ["probe/advisor/critical_rollouts", "probe/advisor/b_star"],
+        ],
     },
 }
 
@@ -176,6 +200,9 @@ ALERT_TEXT = {
     "(batch far below the noise scale; raise gns_ema_beta or the batch)",
     "probe/alert/levels_disagree": "tr(Sigma) differs across unit/micro/rank levels: correlated units "
     "(duplicate prompts, split groups) or a loss-scaling bug",
+    "probe/alert/rollout_split": "the current completions per prompt K costs >= 1.25x the gradient variance x "
+    "compute of the advisor's K*, outside its +-2 SE band, with a trusted estimate: read probe/advisor/k_star and "
+    "b_star (docs/probes.md 10)",
     "lora/alert/rank_collapse": "most adapted modules put over 83% of their update in one direction (stable rank "
     "< 1.2): LoRA rank collapse; read the trend of lora/stable_rank/* and lora/update_norm/* (docs/probes.md 8)",
 }

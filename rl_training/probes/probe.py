@@ -1,14 +1,16 @@
 """The in-loop probes of one optimizer step: GNS small gradients at three levels, and the ESS family.
 
 The trainer calls, per RL step (every rank, same order; the collectives are marked):
-    probes.begin_step(group_size, advantages, completion_lengths)   # this rank's groups, before any dropping
+    probes.begin_step(group_size, advantages, completion_lengths, step, rewards)   # this rank's groups, all
     for each micro-batch, epoch 0:  with probes.micro(mb): forward + backward     (hooks armed only here)
                                     probes.observe_rollout(mb, old_logp, tis_weights)
     probes.before_allreduce(params)     # rank level: this rank's accumulated gradient
     [gradient all-reduce]
     probes.after_allreduce(params)      # Q = |G_B|^2 before clipping; GNS update        (collective)
     last inner epoch > 0:           probes.observe_ppo(mb, logp, old_logp)
-    probes.metrics()                     # timed as the step's `probe` phase                 (collective)
+    probes.metrics(work)                 # timed as the step's `probe` phase                 (collective)
+With a RolloutBudget (probe.advisor, budget.py) the unit level's capture also reads per-sequence norms, and the
+nested ANOVA and the advice ride in the same two collectives.
 
 Unit accounting (docs/probes.md 1.5, 2): U = prompt groups in the step over all ranks, all counted (groups
 whose forward was skipped for a zero advantage are units with a zero gradient). With h the gradient a piece of
@@ -35,6 +37,7 @@ import torch
 from rl_training.algs.common import zero_adv_groups
 from rl_training.base import dist
 from rl_training.probes import ess as ess_math
+from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
@@ -67,7 +70,7 @@ class NullProbes:
 
     enabled = False
 
-    def begin_step(self, group_size: int, advantages, completion_lengths: list[int], step: int = 0) -> None:
+    def begin_step(self, group_size: int, advantages, completion_lengths: list[int], step: int = 0, rewards=()) -> None:
         pass
 
     def micro(self, mb):
@@ -85,7 +88,7 @@ class NullProbes:
     def observe_ppo(self, mb, logp, old_logp) -> None:
         pass
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, work: StepWork | None = None) -> dict[str, float]:
         return {}
 
     def state_dict(self) -> None:
@@ -108,6 +111,7 @@ class StepProbes:
         device: torch.device,
         step_time: tuple[float, float] = (0.0, 0.0),
         unit_every: int = 1,
+        budget: RolloutBudget | None = None,
     ):
         self.levels = [lv for lv in LEVELS if lv in levels]
         # The unit level's exact per-group norms cost about one more LoRA weight-gradient pass (13% of a tiny
@@ -123,6 +127,7 @@ class StepProbes:
         hold = math.ceil(1 / (1 - ema_beta)) if ema_beta < 1 else 1
         self.rec_simple, self.rec_star = Hysteresis(hold), Hysteresis(hold)
         self.model = model
+        self.budget = budget if self.unit_on else None  # the ANOVA reads the unit level's capture
         self.micro_cap = self.unit_cap = None
         self.install_hooks()
         self.hook_errors = 0
@@ -163,9 +168,9 @@ class StepProbes:
         self.seq_log_w: list[torch.Tensor] = []
 
     def begin_step(
-        self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0
+        self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0, rewards=()
     ) -> None:
-        """`advantages` [n_seq] and `completion_lengths` [n_seq]: all of this rank's sequences, group by group,
+        """`advantages`, `completion_lengths` and `rewards` [n_seq]: all of this rank's sequences, group by group,
         including the groups that zero-advantage dropping will skip. `step`: the RL step (unit_every's cadence)."""
         self.guard.step_failed = False
         self.unit_on = "unit" in self.levels and step % self.unit_every == 0
@@ -175,6 +180,8 @@ class StepProbes:
             self.sums["groups.n"] = float(self.n_local)
             self.sums["groups.zero"] = zero.double().sum()
             self.sums["len.sum"] = float(sum(completion_lengths))
+            if self.budget:
+                self.budget.begin_step(advantages.to(self.device), list(rewards))
 
     def _add_small(self, level: str, s, k: float, inv_b: float, c2_over_b: float) -> None:
         acc = self.small[level]
@@ -192,7 +199,9 @@ class StepProbes:
                 armed.append(self.micro_cap)
             if self.unit_cap and self.unit_on:
                 packed = getattr(mb, "packed", None)  # PackedRows of a padding-free micro-batch
-                self.unit_cap.arm(len(mb.group_ids), None if packed is None else packed.group_tokens)
+                tokens = None if packed is None else packed.group_tokens
+                per_seq = {"group_size": self.G, "seq_tokens": getattr(packed, "seq_tokens", None)}
+                self.unit_cap.arm(len(mb.group_ids), tokens, **(per_seq if self.budget else {}))
                 armed.append(self.unit_cap)
         try:
             yield
@@ -227,6 +236,8 @@ class StepProbes:
         if self.unit_cap and self.unit_on:
             s = scale**2 * self.unit_cap.unit_sq_norms.sum()
             self._add_small("unit", s, float(n), float(n), n / self.units**2)
+            if self.budget:
+                self.budget.add(self.unit_cap.seq_sq_norms, self.unit_cap.unit_sq_norms)
 
     def before_allreduce(self) -> None:
         with self.guard("before_allreduce"):
@@ -261,15 +272,18 @@ class StepProbes:
     def after_allreduce(self) -> float:
         """Collective. Updates every level's GNS state from this step; returns Q = |G_B|^2 (pre-clip)."""
         keys = [(lv, f) for lv in self.levels for f in ("s", "k", "ib", "c2b", "broken")]
-        local, q = [math.nan] * len(keys), math.nan
+        n_budget = RolloutBudget.N_LOCAL if self.budget else 0
+        local, q, budget = [math.nan] * len(keys), math.nan, [math.nan] * n_budget
         with self.guard("after_allreduce"):
             q = _grad_sq_norm(self.params)
             acc = {(lv, f): v for lv in self.levels for f, v in self.small[lv].items()}
             local = [float(lv in self.broken) if f == "broken" else acc[lv, f] for lv, f in keys]
+            budget = self.budget.local_sums() if self.budget else []
         failed = float(self.guard.step_failed)
-        tot = dist.all_reduce_(_vector([*local, failed], self.device))  # fixed size on every rank
+        tot = dist.all_reduce_(_vector([*local, *budget, failed], self.device))  # fixed size on every rank
         host = _to_host(torch.cat([tot, _vector([q], self.device)]))
-        t, any_failed, self.q = dict(zip(keys, host, strict=False)), host[len(keys)] > 0, host[-1]
+        t, self.q = dict(zip(keys, host, strict=False)), host[-1]
+        budget_tot, any_failed = host[len(keys) : len(keys) + n_budget], host[len(keys) + n_budget] > 0
         with self.guard("after_allreduce"):
             for lv in self.levels:
                 if lv == "unit" and not self.unit_on:
@@ -280,6 +294,8 @@ class StepProbes:
                 bad = t[lv, "broken"] != 0 or any_failed
                 s_sum = math.nan if bad else t[lv, "s"]
                 self.tracker.update(lv, SmallBatchSums(s_sum, t[lv, "k"], t[lv, "ib"], t[lv, "c2b"]), self.q)
+            if self.budget and self.unit_on:
+                self.budget.update(budget_tot, self.q, valid=not (t["unit", "broken"] or any_failed))
         return self.q
 
     # -------------------------------------------------------------------------------------- ESS
@@ -315,10 +331,12 @@ class StepProbes:
             self.kish["ppo"] += ess_math.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
 
     # -------------------------------------------------------------------------------------- output
-    def metrics(self) -> dict[str, float]:
-        """Collective: reduce the ESS sums and format every probe value for logging."""
+    def metrics(self, work: StepWork | None = None) -> dict[str, float]:
+        """Collective: reduce the ESS sums and format every probe value for logging. `work`: what this rank's
+        step spent (the advisor's costs; None: unknown)."""
         # payload sizes fixed by the configuration, so every rank sends the same whatever failed
-        n_max, n_sum = len(ESS_KINDS) + 1, len(ESS_KINDS) * len(ESS_FIELDS) + len(STEP_SUMS) + 2
+        n_work = self.budget.n_work_sums if self.budget else 0
+        n_max, n_sum = len(ESS_KINDS) + 1, len(ESS_KINDS) * len(ESS_FIELDS) + len(STEP_SUMS) + n_work + 2
         n_gather = self.units // self.world  # groups per rank
         local_max, local_sums, gness, kish = [math.nan] * n_max, [math.nan] * n_sum, [math.nan] * n_gather, None
         with self.guard("metrics"):
@@ -326,7 +344,7 @@ class StepProbes:
         mx = dist.all_reduce_(_vector(local_max, self.device), "max")
         if kish is not None:
             with self.guard("metrics"):
-                local_sums = self._local_sums(kish, mx[: len(ESS_KINDS)])
+                local_sums = self._local_sums(kish, mx[: len(ESS_KINDS)], work)
         local_sums[-2:] = [float(self.guard.step_failed), float(self.guard.failures)]
         tot = dist.all_reduce_(_vector(local_sums, self.device))
         with self.guard("metrics"):
@@ -349,13 +367,15 @@ class StepProbes:
         p999 = ess_math.nan_quantile(all_lr.exp(), 0.999) if all_lr.numel() else 0.0
         return [*(kish[k].shift for k in ESS_KINDS), p999], kish
 
-    def _local_sums(self, kish: dict[str, ess_math.LogKish], shifts: torch.Tensor) -> list:
-        """Each ESS's sums rescaled to the global max shift, then the step's plain sums; 2 slots for flags."""
+    def _local_sums(self, kish: dict[str, ess_math.LogKish], shifts: torch.Tensor, work: StepWork | None) -> list:
+        """Each ESS's sums rescaled to the global max shift, then the step's plain sums, the rollout budget's
+        work sums; 2 slots for flags."""
         out = []
         for i, k in enumerate(ESS_KINDS):
             r = kish[k].rescaled(shifts[i])
             out += [r.s1, r.s2, r.n, r.bad]
-        return [*out, *(self.sums[k] for k in STEP_SUMS), 0.0, 0.0]
+        budget = self.budget.work_sums(work) if self.budget else []
+        return [*out, *(self.sums[k] for k in STEP_SUMS), *budget, 0.0, 0.0]
 
     def _local_group_ness(self, n: int) -> torch.Tensor:
         """Within-group ness of this rank's kept groups, padded with NaN to the fixed per-rank group count
@@ -367,7 +387,8 @@ class StepProbes:
         return torch.cat([g, pad])
 
     def _format(self, mx: list[float], tot: list[float], gathered: list[float]) -> dict[str, float]:
-        t = dict(zip([f"{k}.{f}" for k in ESS_KINDS for f in ESS_FIELDS] + list(STEP_SUMS), tot, strict=False))
+        names = [f"{k}.{f}" for k in ESS_KINDS for f in ESS_FIELDS] + list(STEP_SUMS)
+        t = dict(zip(names, tot, strict=False))
         ess = {k: ess_math.kish(mx[i], *(t[f"{k}.{f}"] for f in ESS_FIELDS)) for i, k in enumerate(ESS_KINDS)}
         groups = sorted(x for x in gathered if not math.isnan(x))
         bad_tokens = t["tok_raw.bad"] + t["tok_used.bad"]
@@ -375,6 +396,9 @@ class StepProbes:
         zero_adv_group_frac = t["groups.zero"] / max(t["groups.n"], 1.0)
         mean_group_tokens = t["len.sum"] / max(t["groups.n"], 1.0)
         out.update(self._gns_metrics(zero_adv_group_frac, mean_group_tokens))
+        if self.budget:
+            n_work = self.budget.n_work_sums
+            out.update(self.budget.metrics(tot[len(names) : len(names) + n_work], measured=self.unit_on))
         self.invalid_streak = 0 if out.get("probe/gns/valid", 0.0) else self.invalid_streak + 1
         out.update(alerts(out, self.invalid_streak, list(self.ess_history)))
         # a step with every group dropped has no token ESS, and a non-finite weight is a flag, not a
@@ -476,6 +500,7 @@ class StepProbes:
             "invalid_streak": self.invalid_streak,
             "hook_errors": self.hook_errors,
             "failures": self.failures_total,  # over all ranks: restored on rank 0 only
+            "budget": self.budget.state_dict() if self.budget else None,
         }
 
     def load_state_dict(self, d: dict) -> None:
@@ -493,5 +518,7 @@ class StepProbes:
         self.ess_history.clear()
         self.ess_history.extend(d["ess_history"])
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
+        if self.budget and d.get("budget"):  # a checkpoint from before the advisor (or without it) starts it fresh
+            self.budget.load_state_dict(d["budget"])
         rank0 = dist.rank() == 0
         self.guard.failures = int(d.get("failures", 0)) if rank0 else 0

@@ -46,6 +46,8 @@ KEY_CURVES = [
     ("GNS B/B_simple", "probe/gns/batch_ratio"),
     ("ESS token", "probe/ess/token"),
     ("ESS seq", "probe/ess/seq"),
+    ("advisor K*", "probe/advisor/k_star"),  # probe.advisor: every probe.unit_every steps
+    ("tr S_w / tr S_b", "probe/anova/within_between_ratio"),
     ("LoRA stable rank median", "lora/stable_rank/median"),  # every probe.lora_health_every steps
     ("LoRA stable rank min", "lora/stable_rank/min"),
     ("step time (s)", "perf/step_s"),
@@ -61,6 +63,11 @@ PLOTS = [
     ("canary", "trainer vs sampler", ["rollout/logp_diff_mean", "rollout/logp_diff_max", "is/trunc_frac"]),
     ("gns", "gradient noise scale", ["probe/gns/b_simple", "probe/gns/batch_units", "probe/gns/recommended_batch"]),
     ("ess", "effective sample size", ["probe/ess/token", "probe/ess/seq", "probe/ess/ppo_token"]),
+    (
+        "advisor",
+        "rollout budget: K* and its band, current K",
+        ["probe/advisor/k_star", "probe/advisor/k_lo", "probe/advisor/k_hi", "probe/advisor/k_current"],
+    ),
     ("lora", "LoRA health (stable rank)", ["lora/stable_rank/median", "lora/stable_rank/min", "lora/entropy_rank/min"]),
 ]
 
@@ -193,15 +200,35 @@ def state_lines(run: RunView, last: int) -> list[str]:
             f"{int(last_row.get('sync/ckpt_upload_failures', 0))} failed"
         )
     out.append("   " + ck)
-    alerts = sorted(k.split("/")[-1] for k, v in last_row.items() if k.startswith("probe/alert/") and v)
+    split = "probe/alert/rollout_split"  # with the advice, every probe.unit_every steps
+    alerts = sorted(k.split("/")[-1] for k, v in last_row.items() if k.startswith("probe/alert/") and v and k != split)
     lora = [r for r in run.rows if "lora/alert/rank_collapse" in r]  # logged every probe.lora_health_every steps
     if lora and lora[-1]["lora/alert/rank_collapse"]:
         alerts.append(f"rank_collapse (LoRA, step {lora[-1]['step']})")
+    advice = [r for r in run.rows if "probe/advisor/k_star" in r]
+    if advice:
+        out.append("   " + advice_line(advice[-1]))
+        if advice[-1].get(split):
+            alerts.append(f"rollout_split (step {advice[-1]['step']})")
     if alerts:
         out.append("   probe alerts on: " + ", ".join(alerts))
     if run.torn_lines:
         out.append(f"   note: {run.torn_lines} unreadable line(s) in metrics.jsonl skipped (a write in progress?)")
     return out
+
+
+def advice_line(r: dict) -> str:
+    """The rollout-budget advisor's latest advice (docs/probes.md 10) in one line."""
+    k, b = r.get("probe/advisor/k_current"), r.get("probe/gns/batch_units")
+    budget = f"{_fmt(k * b)} completions/step" if isinstance(k, int | float) and isinstance(b, int | float) else "-"
+    trust = "trusted" if r.get("probe/advisor/trusted") else "not trusted yet"
+    return (
+        f"rollout budget (step {r['step']}, {trust}): K* {_fmt(r.get('probe/advisor/k_star'))} "
+        f"[{_fmt(r.get('probe/advisor/k_lo'))}-{_fmt(r.get('probe/advisor/k_hi'))}], "
+        f"B* {_fmt(r.get('probe/advisor/b_star'))} for {budget} (now K {_fmt(k)}, B {_fmt(b)}); "
+        f"efficiency of the current split {_fmt(r.get('probe/advisor/efficiency'))}, "
+        f"critical rollouts/step {_fmt(r.get('probe/advisor/critical_rollouts'))}"
+    )
 
 
 def curve_table(runs: Sequence[RunView], last: int) -> list[str]:

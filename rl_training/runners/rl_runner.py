@@ -43,6 +43,7 @@ from rl_training.metrics.samples import StepSamples
 from rl_training.metrics.step import MetricsLogger, step_part
 from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
+from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.lora_health import lora_health, lora_health_due
@@ -117,6 +118,17 @@ def build_probes(
     if not cfg.probe.enabled:
         return NullProbes()
     levels = gns_levels(cfg.probe.gns_levels, cfg.model.gradient_checkpointing, derived.accum_steps, derived.world_size)
+    budget = None
+    if cfg.probe.advisor:
+        budget = RolloutBudget(
+            group_size=cfg.rollout.group_size,
+            units_per_step=cfg.rollout.prompts_per_step,
+            world_size=derived.world_size,
+            ema_beta=cfg.probe.gns_ema_beta,
+            exact_zero=cfg.loss.kl_coef == 0,  # a zero-advantage group's gradient is exactly 0
+            b_multiple=derived.world_size * cfg.train.micro_batch_groups,
+            device=info.device,
+        )
     probes = StepProbes(
         model,
         params,
@@ -128,6 +140,7 @@ def build_probes(
         device=info.device,
         step_time=(cfg.probe.step_time_fixed_s, cfg.probe.step_time_per_group_s),
         unit_every=cfg.probe.unit_every,
+        budget=budget,
     )
     state = resumed.get("probes")
     if state:
@@ -269,7 +282,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     probed = {}
     if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
-            probed = run.probes.metrics()
+            probed = run.probes.metrics(step_work(run.cfg, batch, timer))
             # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
             # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
             if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
@@ -277,6 +290,19 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     if learned.ran:
         run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
     return step_metrics(run, step, batch, scores, learned, timer, {**probed, **run.backend.metrics(), **sampled})
+
+
+def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
+    """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py)."""
+    ro, G = batch.rollouts, batch.group_size
+    return StepWork(
+        seconds=dict(timer.seconds),
+        prompts=len(batch.indices),
+        completions=len(ro),
+        prompt_tokens=sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), G)),
+        completion_tokens=sum(len(c) for c in ro.completion_ids),
+        prompt_once=cfg.rollout.backend in ("vllm", "server"),  # the prefix cache prefills a prompt once
+    )
 
 
 def step_metrics(

@@ -101,7 +101,7 @@ class Learner:
             pack_row_tokens=self.pack_row_tokens,
         )
         norm = step_norm(ro, self.seqs_per_rank, self.max_trainable_tokens, self.device)
-        self.probes.begin_step(group, advantages, [ro.trainable(i) for i in range(len(ro))], step)
+        self.probes.begin_step(group, advantages, [ro.trainable(i) for i in range(len(ro))], step, rewards)
         stats = train_on_rollouts(
             self.model, self.optimizer, self.scheduler, self.params, micro, hp.for_step(step), norm, self.probes
         )

@@ -38,6 +38,7 @@ class PackedRows:
     targets: torch.Tensor  # [R, W-1] input_ids shifted left (across a boundary: never gathered)
     index: torch.Tensor  # [B, T-1] flat index into [R*(W-1)] of padded prediction position (b, t); R*(W-1) = none
     group_tokens: torch.Tensor  # [n_groups, Tg] flat index into [R*W] of each prompt group's tokens; R*W = none
+    seq_tokens: torch.Tensor  # [B, Ts] flat index into [R*W] of each sequence's tokens (the ANOVA probe); R*W = none
     # flash-attention's varlen boundaries, known here without a look at the device: transformers would otherwise
     # recompute them from position_ids in every layer, behind a host sync (`if _is_packed_sequence(...)`)
     cu_seq_lens: torch.Tensor  # [n_blocks + 1] int32 starts of every block (sequence, row-end pads) in [R*W], then R*W
@@ -108,6 +109,8 @@ def pack_sequences(
     groups = [[t for b in range(g * group_size, (g + 1) * group_size) for t in token_at[b]] for g in range(n_groups)]
     tg = max(len(g) for g in groups)
     group_tokens = [g + [none_tok] * (tg - len(g)) for g in groups]
+    ts = max(lengths)
+    seq_tokens = [t + [none_tok] * (ts - len(t)) for t in token_at]
     input_ids = torch.tensor(ids, dtype=torch.long)
     return PackedRows(
         input_ids=input_ids,
@@ -115,6 +118,7 @@ def pack_sequences(
         targets=input_ids[:, 1:],
         index=torch.tensor(index, dtype=torch.long),
         group_tokens=torch.tensor(group_tokens, dtype=torch.long),
+        seq_tokens=torch.tensor(seq_tokens, dtype=torch.long),
         cu_seq_lens=torch.tensor([*starts, R * W], dtype=torch.int32),
         max_length=max(b - a for a, b in zip(starts, [*starts[1:], R * W], strict=True)),
     )

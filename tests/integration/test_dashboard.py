@@ -31,6 +31,7 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 "probe.step_time_per_group_s=0.1",
                 "loss.correction=token_mask",  # its counts fill the correction chart
                 "probe.lora_health_every=2",  # the LoRA health charts: step 2 of 3
+                "probe.advisor=true",  # the rollout-budget charts: step 1 (unit_every 4: steps 0, 4, ... measure)
             ]
         )
         == 0

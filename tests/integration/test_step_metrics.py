@@ -2,8 +2,11 @@
 them looks like. Two short runs cover every producer (the step, the update and its correction, the probes at
 the unit and micro levels, the in-loop eval, the weight guard and skip counters; a multi-turn environment's
 episode counts) and are compared with the values recorded in tests/fixtures/step_metrics.json: keys exactly,
-values to 1e-9 relative (bit-identical on the machine that recorded them; the tolerance only absorbs another
-CPU's float kernels). Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared by
+values to 1e-4 relative or 1e-5 absolute (bit-identical on the machine that recorded them; the tolerance absorbs
+another CPU's float32 kernels: on an AMD EPYC, log-probs and gradient norms differ from the recording by 1e-7
+relative, B_simple (a ratio of a difference) by 1.3e-5, the near-zero canary and mismatch statistics such as
+rollout/logp_diff_max and is/chi2_token by up to 1.2e-6 absolute; a change of the algorithm, such as reward_std
+without n/(n-1), moves values by percents). Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared by
 key only.
 
 Re-record after a deliberate change of a metric: RL_RECORD_METRICS=1 pytest tests/integration/test_step_metrics.py
@@ -87,6 +90,6 @@ def test_step_metrics_match_the_recorded_ones(run_overrides, tmp_path):
             for k, v in w.items():
                 if v is None or g[k] == v or (isinstance(v, float) and math.isnan(v) and math.isnan(g[k])):
                     continue
-                assert isinstance(v, float) and math.isclose(g[k], v, rel_tol=1e-9, abs_tol=1e-12), (
+                assert isinstance(v, float) and math.isclose(g[k], v, rel_tol=1e-4, abs_tol=1e-5), (
                     run_name, step, k, g[k], v,
                 )  # fmt: skip

@@ -1,0 +1,66 @@
+"""The rollout-budget advisor in the real runner (docs/probes.md 9-10): probe.advisor=true adds the unit level,
+logs probe/anova/* and probe/advisor/* on the steps the unit level measures, and a resumed run continues the
+ANOVA, waste and cost EMAs exactly where the uninterrupted run has them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rl_training.runners import rl_runner
+from tests.helpers import REPO, read_metrics, trainer_state
+
+TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
+# The HF backend repeats a prompt per completion, so no time is charged to the prompt (c_p = 0): K* then
+# depends on the noise and the waste only, not on the measured seconds, and a resumed run must reproduce it.
+ADVISED = [
+    "probe.advisor=true",
+    "probe.unit_every=2",
+    "rollout.prompts_per_step=8",
+    "train.micro_batch_groups=4",
+    "ckpt.every=2",
+]
+TIMED = ("probe/advisor/cost_rollout_s", "probe/advisor/cost_prompt_s")
+
+
+def advice(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k.startswith(("probe/anova/", "probe/advisor/")) and k not in TIMED}
+
+
+def test_the_advice_is_logged_at_the_unit_cadence_and_resumes_exactly(run_overrides, tmp_path):
+    full = [*run_overrides, *ADVISED, "train.total_steps=6"]
+    assert rl_runner.main(["--cfg", TESTCFG, *full]) == 0
+    rows = read_metrics(tmp_path / "runs" / "testconfig")
+    # unit_every=2: the unit level measures on steps 0, 2, 4 (0-based), logged as steps 1, 3, 5
+    assert [r["step"] for r in rows if "probe/advisor/k_star" in r] == [1, 3, 5]
+    last = rows[4]
+    assert last["probe/advisor/k_current"] == 4 and last["probe/gns/batch_units"] == 8
+    assert last["probe/anova/trace_within"] > 0 and last["probe/anova/n_eff"] > 1
+    assert last["probe/advisor/cost_prompt_s"] == 0.0 and last["probe/advisor/cost_rollout_s"] > 0
+    assert 0 < last["probe/advisor/waste_at_k"] < 1
+    assert 2 <= last["probe/anova/groups"] <= 8  # the informative groups of the step (zero-advantage ones out)
+    # no advice while the between-prompt part is not positive (early steps: it is the weakly measured part)
+    between = last["probe/anova/trace_between"]
+    no_advice = math.isnan(last["probe/advisor/k_star"])
+    assert math.isnan(last["probe/advisor/k_star_no_waste"]) == (between <= 0) == no_advice
+    state = trainer_state(tmp_path / "runs" / "testconfig" / "checkpoints" / "step_000006")["probes"]["budget"]
+    assert state["anova"]["t"] + state["anova"]["skipped"] == 3  # one update per measured step
+
+    resumed_dir = tmp_path / "resumed"
+    part = [*run_overrides, *ADVISED, f"run.output_dir={resumed_dir}"]
+    assert rl_runner.main(["--cfg", TESTCFG, *part, "train.total_steps=4"]) == 0
+    assert rl_runner.main(["--cfg", TESTCFG, *part, "train.total_steps=6", "ckpt.resume=latest"]) == 0
+    again = read_metrics(resumed_dir / "testconfig")
+    assert [r["step"] for r in again] == [1, 2, 3, 4, 5, 6]
+    assert advice(again[4]) == pytest.approx(advice(rows[4]), rel=1e-9, nan_ok=True)  # step 5: after the resume
+    assert advice(again[4])
+
+
+def test_the_advisor_is_refused_where_it_cannot_measure(run_overrides, capsys):
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, "probe.advisor=true", "probe.enabled=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "probe.advisor=true with probe.enabled=false" in err
+    grad_ckpt = ["probe.advisor=true", "model.gradient_checkpointing=true"]
+    assert rl_runner.main(["--cfg", TESTCFG, *run_overrides, *grad_ckpt]) == 2
+    assert "per-sequence capture, which a recompute would fire twice" in capsys.readouterr().err

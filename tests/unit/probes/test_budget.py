@@ -1,0 +1,222 @@
+"""The rollout-budget probe in the step (docs/probes.md 9.4, 10.2): the unit capture's one flush gives each
+sequence's and each group's squared norm, padded or packed; StepProbes feeds the nested ANOVA exactly the direct
+ANOVA of brute-force per-completion gradients of the tiny LoRA model (float64), with zero-advantage groups left
+out whether their forward is skipped or not; the waste curve, the costs and the resume state."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rl_training.algs.objectives import StepNorm
+from rl_training.policy.models import trainable_parameters
+from rl_training.probes.advisor import SplitCosts, best_k, group_waste, waste_fraction
+from rl_training.probes.budget import K_MAX, RolloutBudget, StepWork, split_seconds
+from rl_training.probes.capture import LoraUnitCapture
+from rl_training.probes.probe import StepProbes
+from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+from tests.helpers import G, backward, fake_rollouts, flat_grad, lora_policy, one_micro_batch
+
+N_GROUPS = 4
+ADV = torch.tensor([0.7, -0.7, 0.2, -0.2, 1.0, -1.0, -0.4, 0.4], dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    model = lora_policy(tiny_model, seed=3)
+    ro = fake_rollouts(N_GROUPS, seed=9)
+    norm = StepNorm(seqs=N_GROUPS * G, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    return model, ro, norm
+
+
+def per_sequence_gradients(model, ro, adv, norm) -> torch.Tensor:
+    """[N_GROUPS, G, d] brute force: sequence s's contribution h_s to the step gradient is the gradient with
+    every other advantage set to 0 (Dr-GRPO without KL: a zero-advantage sequence adds nothing)."""
+    params = trainable_parameters(model)
+    h = torch.zeros(N_GROUPS, G, sum(p.numel() for p in params), dtype=torch.float64)
+    for s in range(N_GROUPS * G):
+        model.zero_grad(set_to_none=True)
+        only = torch.zeros_like(adv)
+        only[s] = adv[s]
+        backward(model, one_micro_batch(ro, only, list(range(N_GROUPS))), norm)
+        h[s // G, s % G] = flat_grad(params)
+    return h
+
+
+def direct_anova(g: np.ndarray) -> dict[str, float]:
+    """Classical nested ANOVA of completion gradients g [B, K, d] (docs/probes.md 9.2): MS_w, (MS_b - MS_w)/K,
+    and |G|^2 = Q - MS_b/(K B)."""
+    b, k = g.shape[:2]
+    gbar_i, gbar = g.mean(1), g.mean((0, 1))
+    ms_w = ((g - gbar_i[:, None]) ** 2).sum() / (b * (k - 1))
+    ms_b = k * ((gbar_i - gbar) ** 2).sum() / (b - 1)
+    return {
+        "trace_within": ms_w,
+        "trace_between": (ms_b - ms_w) / k,
+        "grad_sq_norm": float((gbar**2).sum()) - ms_b / (k * b),
+    }
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_one_flush_gives_each_sequence_and_each_group_norm(setup, packed):
+    model, ro, norm = setup
+    h = per_sequence_gradients(model, ro, ADV, norm)
+    mb = make_micro_batches(ro, ADV, G, N_GROUPS, 0, torch.device("cpu"), pack_row_tokens=0 if packed else None)[0]
+    assert (mb.packed is not None) == packed
+    p = mb.packed
+    cap = LoraUnitCapture(model)
+    try:
+        tokens = {"group_size": G, "seq_tokens": p.seq_tokens if packed else None}
+        with cap.capture(N_GROUPS, p.group_tokens if packed else None, **tokens):
+            update(model, [mb], norm)
+        assert cap.hooks_ok
+    finally:
+        cap.remove()
+    seq = cap.seq_sq_norms.view(N_GROUPS, G)
+    for i in range(N_GROUPS):
+        for j in range(G):
+            assert seq[i, j].item() == pytest.approx(h[i, j].pow(2).sum().item(), rel=1e-8)
+        assert cap.unit_sq_norms[i].item() == pytest.approx(h[i].sum(0).pow(2).sum().item(), rel=1e-8)
+
+
+def update(model, mbs, norm, probes=None, kl_coef=0.0) -> None:
+    """One step of the real update at learning rate 0 (the adapter is unchanged for the next test)."""
+    params = trainable_parameters(model)
+    opt = torch.optim.SGD(params, lr=0.0)
+    hp = UpdateHParams(max_grad_norm=1e-6, kl_coef=kl_coef)  # clipping must not change Q (measured before it)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    train_on_rollouts(model, opt, sched, params, mbs, hp, norm, *([probes] if probes else []))
+
+
+def budget_probes(model, params, *, exact_zero=True, units=N_GROUPS, groups_per_micro=2) -> StepProbes:
+    budget = RolloutBudget(
+        group_size=G,
+        units_per_step=units,
+        world_size=1,
+        ema_beta=0.9,
+        exact_zero=exact_zero,
+        b_multiple=groups_per_micro,
+        device=torch.device("cpu"),
+    )
+    return StepProbes(
+        model,
+        params,
+        levels=["unit", "micro"],
+        ema_beta=0.9,
+        units_per_step=units,
+        world_size=1,
+        micro_batch_groups=groups_per_micro,
+        device=torch.device("cpu"),
+        budget=budget,
+    )
+
+
+def probed_step(model, ro, adv, norm, *, drop=False, kl_coef=0.0, packed=False, exact_zero=True, work=None):
+    params = trainable_parameters(model)
+    probes = budget_probes(model, params, exact_zero=exact_zero)
+    rewards = [float(a) for a in adv]  # the waste curve reads them; any values will do here
+    try:
+        mbs = make_micro_batches(
+            ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=drop, pack_row_tokens=0 if packed else None
+        )
+        probes.begin_step(G, adv, [len(c) for c in ro.completion_ids], 0, rewards)
+        update(model, mbs, norm, probes, kl_coef)
+        out = probes.metrics(work)
+    finally:
+        probes.remove_hooks()
+    return probes.budget, out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_steps_anova_equals_a_direct_anova_of_brute_force_gradients(setup, packed):
+    model, ro, norm = setup
+    # One rank, U = 4 groups: gbar_i = U h_i, g_ij = K U h_ij (docs/probes.md 2, 9.4)
+    g = (G * N_GROUPS * per_sequence_gradients(model, ro, ADV, norm)).numpy()
+    expect = direct_anova(g)
+    budget, out = probed_step(model, ro, ADV, norm, packed=packed)
+    got = budget.last
+    assert got is not None and got.groups == N_GROUPS and got.k == G
+    for q, v in expect.items():
+        assert getattr(got, q) == pytest.approx(v, rel=1e-7), q
+        assert out[f"probe/anova/{q}_raw"] == getattr(got, q)
+    assert expect["trace_within"] > 0 and expect["trace_between"] != 0  # a non-degenerate case
+    assert out["probe/anova/groups"] == N_GROUPS and out["probe/advisor/k_current"] == G
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_zero_advantage_groups_are_left_out_whether_skipped_or_trained_on(setup, drop):
+    # exact_zero (no KL): group 1 has zero advantages, so a zero gradient. The ANOVA reads the three informative
+    # groups: B = 3, and Q is the squared norm of their mean, |G_B|^2 (U/B)^2 with U = 4 (docs/probes.md 9.4).
+    model, ro, norm = setup
+    adv = ADV.clone()
+    adv[G : 2 * G] = 0.0
+    keep = [0, 2, 3]
+    g = (G * N_GROUPS * per_sequence_gradients(model, ro, adv, norm)).numpy()[keep]
+    expect = direct_anova(g)
+    got = probed_step(model, ro, adv, norm, drop=drop)[0].last
+    assert got.groups == 3
+    for q, v in expect.items():
+        assert getattr(got, q) == pytest.approx(v, rel=1e-7), q
+
+
+def test_with_a_kl_term_every_group_is_fed_in(setup):
+    # A KL term gives a zero-advantage group a gradient: it is not wasted, and the ANOVA reads all U groups.
+    model, ro, norm = setup
+    adv = ADV.clone()
+    adv[G : 2 * G] = 0.0
+    budget, out = probed_step(model, ro, adv, norm, kl_coef=0.1, exact_zero=False)
+    assert budget.last.groups == N_GROUPS
+    assert out["probe/advisor/waste_at_k"] == 0.0  # waste ignored
+
+
+def test_group_waste_is_laplaces_rule_for_binary_rewards():
+    # s successes of K = 8: p = (s + 1)/(K + 2), w(k) = p^k + (1 - p)^k
+    for s in range(9):
+        rewards = [1.0] * s + [0.0] * (8 - s)
+        p = (s + 1) / 10
+        got = group_waste(rewards, 12)
+        assert got == pytest.approx([waste_fraction([p], k) for k in range(1, 13)], rel=1e-12)
+    # three distinct values of K = 4 (counts 2, 1, 1): q = (3, 2, 2)/7, w(k) = sum q^k; w(1) = 1
+    assert group_waste([0.5, 0.5, 0.2, 1.0], 3) == pytest.approx([1.0, 17 / 49, 43 / 343])
+    assert group_waste([], 3) == [0.0, 0.0, 0.0]
+
+
+def test_waste_pushes_k_up_through_the_curve():
+    # Every prompt at p = 0.9 (the worked case of test_advisor): the curve form gives the same K* as pass rates.
+    curve = tuple(waste_fraction([0.9], k) for k in range(1, K_MAX + 1))
+    assert best_k(1.0, 4.0, SplitCosts(1.0, 1.0, waste_by_k=curve)) == best_k(1.0, 4.0, SplitCosts(1.0, 1.0, (0.9,)))
+    assert best_k(1.0, 4.0, SplitCosts(1.0, 1.0, waste_by_k=curve)) == 9
+
+
+def test_costs_split_generation_by_tokens_when_the_prompt_is_prefilled_once():
+    # 2 prompts of 30 tokens (60 once) and 8 completions of 15 (120): a third of generation is the prompts'.
+    work = StepWork({"generate": 3.0, "score": 0.5, "train": 2.5, "sync": 9.0}, 2, 8, 60, 120, prompt_once=True)
+    assert split_seconds(work) == pytest.approx((1.0, 2.0 + 0.5 + 2.5))  # sync is per step: in neither
+    hf = StepWork(work.seconds, 2, 8, 60, 120, prompt_once=False)  # HF repeats the prompt per completion
+    assert split_seconds(hf) == pytest.approx((0.0, 6.0))
+
+
+def test_advice_is_logged_and_resumes_exactly(setup):
+    model, ro, norm = setup
+    work = StepWork({"generate": 3.0, "score": 0.5, "train": 2.5}, N_GROUPS, N_GROUPS * G, 60, 120, True)
+    budget, out = probed_step(model, ro, ADV, norm, work=work)
+    assert out["probe/advisor/cost_prompt_s"] == pytest.approx(1.0 / N_GROUPS)
+    assert out["probe/advisor/cost_rollout_s"] == pytest.approx(5.0 / (N_GROUPS * G))
+    assert out["probe/anova/trusted"] == 0.0 and out["probe/alert/rollout_split"] == 0.0  # one step: warm-up
+    fresh = RolloutBudget(
+        group_size=G, units_per_step=N_GROUPS, world_size=1, ema_beta=0.9, exact_zero=True, b_multiple=2,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    fresh.load_state_dict(budget.state_dict())
+    assert fresh.state_dict() == budget.state_dict()
+    assert fresh._advice_metrics() == pytest.approx(budget._advice_metrics(), nan_ok=True)
+    other_beta = RolloutBudget(
+        group_size=G, units_per_step=N_GROUPS, world_size=1, ema_beta=0.5, exact_zero=True, b_multiple=2,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    other_beta.load_state_dict(budget.state_dict())  # another beta restarts every EMA
+    assert other_beta.state.t == 0 and other_beta.waste.t == 0 and other_beta.costs.t == 0
+    assert math.isnan(other_beta.costs.value[0])
