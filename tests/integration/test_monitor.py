@@ -137,3 +137,28 @@ def test_lora_health_curves_and_alert_from_the_steps_that_logged_it(tmp_path):
     row = next(ln for ln in text.splitlines() if ln.startswith("LoRA stable rank median"))
     assert "2.05 / -1.9" in row
     assert "lora.png" in {p.name for p in monitor.save_plots([run], tmp_path / "plots")}
+
+
+def test_the_rollout_advice_line_and_its_alert_from_the_steps_that_logged_it(tmp_path):
+    # probe.advisor logs every probe.unit_every steps: here steps 4 and 8. The monitor prints the latest advice
+    # (step 8) though the last row (10) has none, and the rollout_split alert of that row.
+    run_dir = make_run(tmp_path, steps=10)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:-1]
+    rows = [json.loads(x) for x in lines]
+    for r in rows:
+        r["probe/gns/batch_units"] = 8.0
+        if r["step"] % 4 == 0:
+            r.update({"probe/advisor/k_star": 6.0 if r["step"] == 8 else 3.0, "probe/advisor/k_lo": 4.0,
+                      "probe/advisor/k_hi": 9.0, "probe/advisor/b_star": 10.0, "probe/advisor/k_current": 32.0,
+                      "probe/advisor/efficiency": 0.54, "probe/advisor/critical_rollouts": 143.0,
+                      "probe/advisor/trusted": 1.0, "probe/alert/rollout_split": float(r["step"] == 8)})  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = monitor.report([monitor.load_run(run_dir)], last=10, samples=0)
+    # the budget: K 32 x B 8 = 256 completions per step
+    assert (
+        "rollout budget (step 8, trusted): K* 6 [4-9], B* 10 for 256 completions/step (now K 32, B 8); "
+        "efficiency of the current split 0.54, critical rollouts/step 143"
+    ) in text
+    assert "probe alerts on: batch, rollout_split (step 8)" in text
+    # the curve row: mean of the two logged K* (3 + 6) / 2 = 4.5, change +3
+    assert "4.5 / +3" in next(ln for ln in text.splitlines() if ln.startswith("advisor K*"))
