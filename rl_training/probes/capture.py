@@ -94,6 +94,7 @@ class LoraUnitCapture:
     # they exceed this many bytes: one bmm per shape instead of one per layer (the per-call overhead dominated
     # on small models), with the extra memory bounded.
     FLUSH_BYTES = 64 * 2**20
+    PRODUCT_BYTES = 256 * 2**20  # the per-unit weight gradients formed at once (a flush loops over layers)
 
     def __init__(self, model):
         self.pairs = lora_module_pairs(model)
@@ -152,13 +153,19 @@ class LoraUnitCapture:
             if gather is not None:  # packed rows: each unit's tokens gathered, a zero row for its padding
                 g, x = _gather_groups(g, gather), _gather_groups(x, gather)
             units = n * k if k else n  # rows are unit by unit: a sequence's T (or a group's G*T) positions
-            g = g.reshape(L * units, -1, g.shape[-1])
-            x = x.reshape(L * units, -1, x.shape[-1])
-            per_unit = torch.bmm(g.transpose(1, 2), x)  # [L*units, out, in]
-            if k:
-                self._seq_acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(L, units).sum(0)
-                per_unit = per_unit.view(L * n, k, *per_unit.shape[1:]).sum(1)
-            self._acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(L, n).sum(0)
+            g = g.reshape(L, units, -1, g.shape[-1])
+            x = x.reshape(L, units, -1, x.shape[-1])
+            # the per-unit gradients of `layers` layers at a time: at most PRODUCT_BYTES of them (a real model's
+            # down_proj A at r=32 is 1.1 MB per sequence: 28 layers of 64 sequences would be 2 GB at once)
+            layers = max(1, self.PRODUCT_BYTES // (units * g.shape[-1] * x.shape[-1] * g.element_size()))
+            for lo in range(0, L, layers):
+                gl, xl = g[lo : lo + layers].flatten(0, 1), x[lo : lo + layers].flatten(0, 1)
+                per_unit = torch.bmm(gl.transpose(1, 2), xl)  # [layers*units, out, in]
+                m = per_unit.shape[0] // units
+                if k:
+                    self._seq_acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(m, units).sum(0)
+                    per_unit = per_unit.view(m * n, k, *per_unit.shape[1:]).sum(1)
+                self._acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(m, n).sum(0)
         self._pending, self._pending_bytes = [], 0
 
     def arm(

@@ -60,9 +60,11 @@ def direct_anova(g: np.ndarray) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_one_flush_gives_each_sequence_and_each_group_norm(setup, packed):
+@pytest.mark.parametrize("packed,chunked", [(False, False), (True, False), (False, True)])
+def test_one_flush_gives_each_sequence_and_each_group_norm(setup, packed, chunked, monkeypatch):
     model, ro, norm = setup
+    if chunked:  # one layer's products at a time (a flush's memory bound): the same norms
+        monkeypatch.setattr(LoraUnitCapture, "PRODUCT_BYTES", 1)
     h = per_sequence_gradients(model, ro, ADV, norm)
     mb = make_micro_batches(ro, ADV, G, N_GROUPS, 0, torch.device("cpu"), pack_row_tokens=0 if packed else None)[0]
     assert (mb.packed is not None) == packed
