@@ -24,15 +24,10 @@ unknown tool [unknown_tool], wrong or missing arguments [arguments], a tool that
 `tool_timeout_s` [timeout], a call past `max_tool_calls` per episode [too_many]) is answered with an error
 message as that call's result and counted; it never stops the run.
 
-How the tool turn stays exact (ChatToolFormat): the template renders a probe conversation with sentinels in
-place of the assistant's text and the results; the text after the assistant sentinel is the tool turn. It is
-split at the tokenizer's added tokens (the template's own structure: `<|im_end|>`, `<|im_start|>`, which keep
-their ids) and the runs between them, results included, are tokenized as plain text (`encode_plain`), which is
-how the tokenizer itself splits a full rendering, so for an ordinary result the ids equal the template's
-tokenization of the whole conversation, while a result's look-alike of a control token stays plain text. The
-sampled ids are never re-encoded: when the turn ended with the token the template closes an assistant turn with
-(`<|im_end|>`), that token is not appended again. Startup refuses a tokenizer without a chat template, one whose
-template ignores `tools=`, and one whose renderings are not prefixes of each other (ToolTemplateError).
+How the tool turn stays exact is chat_turns.py's (ChatTurnFormat: the template's structure tokens keep their ids,
+results are plain text, the sampled ids are never re-encoded). Startup refuses a tokenizer without a chat
+template, one whose template ignores `tools=`, and one whose renderings are not prefixes of each other
+(ToolTemplateError).
 """
 
 from __future__ import annotations
@@ -44,17 +39,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_training.base.errors import UserError, one_line
+from rl_training.base.errors import one_line
 from rl_training.data.sources import Example
-from rl_training.data.text import clean_text, encode_plain, encode_prefix, type_name
+from rl_training.data.text import clean_text, type_name
 from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn
+from rl_training.tasks.chat_turns import ChatTemplateError, ChatTurnFormat
 from rl_training.tasks.tool_process import ToolProcess
 
 ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many", "crash")
-TRUNCATED = "\n[truncated]"  # the marker after a result cut to its share of multiturn.max_obs_tokens
 MAX_OBS_TOKENS = 512  # multiturn.max_obs_tokens's default, used outside a run
-_SENT_A = "@@rlt-assistant@@"  # sentinels of the probe conversations (ChatToolFormat)
-_SENT_R = "@@rlt-result-{}@@"
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _JSON = json.JSONDecoder()
 _CLOSE_AFTER = re.compile(r"\s*</tool_call>")
@@ -70,7 +63,7 @@ class ToolFailed(Exception):
         self.cls, self.text = cls, text
 
 
-class ToolTemplateError(UserError, ValueError):
+class ToolTemplateError(ChatTemplateError):
     """The tokenizer cannot serve a ToolEnvironment (no chat template, no tool support, no prefix property)."""
 
 
@@ -207,112 +200,25 @@ def argument_problem(fn: Callable, schema: dict, arguments: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the template
-class ChatToolFormat:
-    """The tokenizer's chat template with tools: the prompt text, and a tool turn's ids (module docstring)."""
+class ChatToolFormat(ChatTurnFormat):
+    """The tokenizer's chat template with tools: the prompt text, and a tool turn's ids (chat_turns.py)."""
+
+    role, what, error = "tool", "a tool turn", ToolTemplateError
 
     def __init__(self, tokenizer, schemas: list[dict]):
-        self.tok, self.schemas = tokenizer, schemas
-        self._layouts: dict[int, list[tuple[str, Any]]] = {}
+        self.schemas = schemas
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-        self.head = f"a ToolEnvironment needs a chat template with tool support (docs/tools.md): tokenizer {name!r}"
-        self.check()
-
-    def render(self, messages: list[dict], generation_prompt: bool, tools: bool = True) -> str:
-        return self.tok.apply_chat_template(
-            messages, tools=self.schemas if tools else None, add_generation_prompt=generation_prompt, tokenize=False
+        super().__init__(
+            tokenizer, f"a ToolEnvironment needs a chat template with tool support (docs/tools.md): tokenizer {name!r}"
         )
 
-    def check(self) -> None:
-        """ToolTemplateError (one line) unless the template renders tools and a tool turn, and the rendering of
-        a conversation is the rendering of its beginning plus what was added (the prefix property the token-in
-        token-out episode relies on)."""
-        head = self.head
-        if not getattr(self.tok, "chat_template", None):
-            raise ToolTemplateError(f"{head} has no chat template")
-        user = [{"role": "user", "content": "Q"}]
-        try:
-            prompt = self.render(user, True)
-            if prompt == self.render(user, True, tools=False):
-                raise ToolTemplateError(f"{head} has a chat template that ignores tools= (same prompt without them)")
-            one = [*user, {"role": "assistant", "content": _SENT_A}, _tool_message(_SENT_R.format(0))]
-            two = [*one, {"role": "assistant", "content": "B"}, _tool_message(_SENT_R.format(1))]
-            first, second = self.render(one, True), self.render(two, True)
-        except ToolTemplateError:
-            raise
-        except Exception as e:  # noqa: BLE001 -- whatever a template raises (TemplateError, a role it refuses)
-            raise ToolTemplateError(f"{head} cannot render a tool turn: {one_line(e)}") from None
-        if not first.startswith(prompt + _SENT_A) or not second.startswith(first + "B"):
-            raise ToolTemplateError(
-                f"{head} renders a conversation that is not its prompt + the assistant's text + the tool turn"
-            )
-        self._layout(1)  # the sentinels survive the template (it does not rewrite a tool's content)
-
-    def _layout(self, k: int) -> list[tuple[str, Any]]:
-        """The tool turn of k results after an assistant turn: ('id', structure token id) | ('text', structure
-        text) | ('slot', result index), in order, from the closing of the assistant turn through the next
-        generation prompt."""
-        if k in self._layouts:
-            return self._layouts[k]
-        sents = [_SENT_R.format(i) for i in range(k)]
-        conv = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _SENT_A}]
-        full = self.render([*conv, *map(_tool_message, sents)], True)
-        if full.count(_SENT_A) != 1 or any(full.count(s) != 1 for s in sents):
-            raise ToolTemplateError(f"{self.head} has a chat template that rewrites a tool's content")
-        tail = full[full.index(_SENT_A) + len(_SENT_A) :]
-        added = sorted(self.tok.added_tokens_encoder, key=len, reverse=True)
-        split = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
-        parts: list[tuple[str, Any]] = []
-        for i, s in enumerate([*sents, None]):
-            piece, tail = tail.split(s, 1) if s else (tail, "")
-            for j, chunk in enumerate(split.split(piece) if split else [piece]):
-                if j % 2:  # a captured added token: the template's own structure keeps its id
-                    parts.append(("id", self.tok.added_tokens_encoder[chunk]))
-                elif chunk:
-                    parts.append(("text", chunk))
-            if s:
-                parts.append(("slot", i))
-        self._layouts[k] = parts
-        return parts
+    def check_prompt(self, user: list[dict], prompt: str) -> None:
+        if prompt == self.render(user, True, tools=False):
+            raise ToolTemplateError(f"{self.head} has a chat template that ignores tools= (same prompt without them)")
 
     def tool_turn(self, results: Sequence[str], sampled: Sequence[int]) -> list[int]:
-        """Ids of the tool turn carrying `results`, after a turn that sampled `sampled`: structure tokens keep
-        their ids, each text run (results inside) is plain text; the assistant's closing token is left out
-        when the turn sampled it."""
-        parts = self._layout(len(results))
-        if parts and parts[0][0] == "id" and sampled and sampled[-1] == parts[0][1]:
-            parts = parts[1:]
-        ids: list[int] = []
-        run = ""
-        for kind, v in parts:
-            if kind == "id":
-                ids += [*encode_plain(self.tok, run), v]
-                run = ""
-            else:
-                run += v if kind == "text" else results[v]
-        return ids + encode_plain(self.tok, run)
-
-    def truncate(self, text: str, cap: int) -> tuple[str, bool]:
-        """`text` cut to at most `cap` plain tokens, ending with the TRUNCATED marker where the cap holds it (an
-        empty result where it does not), or as is. Only a prefix of a long text is tokenized (encode_plain's
-        max_tokens), so the cost follows the cap, not the text."""
-        ids, whole = encode_prefix(self.tok, text, cap)
-        if whole and len(ids) <= cap:
-            return text, False
-        marker = len(encode_plain(self.tok, TRUNCATED))
-        if cap < marker:
-            return "", True
-        keep = cap - marker
-        head = self.tok.decode(ids[:keep], clean_up_tokenization_spaces=False)
-        for _ in range(16):  # a character cut in two decodes as U+FFFD, which may take more tokens: shorten
-            over = len(encode_plain(self.tok, head)) - keep
-            if over <= 0:
-                return head + TRUNCATED, True
-            head = head[: -max(over // 2, 1)]  # a character is at least one token: never cuts more than needed
-        return TRUNCATED, True
-
-
-def _tool_message(content: str) -> dict:
-    return {"role": "tool", "content": content}
+        """Ids of the tool turn carrying `results`, after a turn that sampled `sampled` (turn_ids)."""
+        return self.turn_ids(results, sampled)
 
 
 # -------------------------------------------------------------------------------------------- metrics
@@ -547,18 +453,9 @@ class ToolEnvironment(Environment):
         return text
 
     def _observation(self, results: list[str], sampled: list[int]) -> tuple[list[int], int]:
-        """The tool turn's ids within max_obs_tokens, always: each result cut to an equal share of what the
-        structure leaves (a text run can tokenize a few ids longer than its parts: the share shrinks until it
-        fits), at worst every result empty."""
-        fmt, limit = self.fmt, self.max_obs_tokens or MAX_OBS_TOKENS
-        fixed = len(fmt.tool_turn([""] * len(results), sampled))
-        cap = max((limit - fixed) // len(results), 0)
-        while True:  # the cap falls every round; at 0 every result is empty, which start() made sure fits
-            cut = [fmt.truncate(r, cap) for r in results]
-            ids = fmt.tool_turn([t for t, _ in cut], sampled)
-            if len(ids) <= limit or cap == 0:
-                return ids, sum(c for _, c in cut)
-            cap = max(min(cap - 1, cap - (len(ids) - limit + len(results) - 1) // len(results)), 0)
+        """The tool turn's ids within max_obs_tokens, always (ChatTurnFormat.fitted: at worst every result empty,
+        which start() made sure fits)."""
+        return self.fmt.fitted(results, sampled, self.max_obs_tokens or MAX_OBS_TOKENS)
 
     def episode_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         n = max(sums["n"], 1.0)

@@ -13,13 +13,13 @@ import pytest
 
 from rl_training.config.schema import ConfigError, SandboxCfg
 from rl_training.data.sources import Example
+from rl_training.data.text import encode_plain
 from rl_training.policy.tiny_model import build_tokenizer
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.build import make_task
 from rl_training.tasks.python_tool import NO_OUTPUT, PERSIST_NOTE, PythonToolEnvironment
-from rl_training.tasks.tools import encode_plain
 from tests.helpers import require_debian_packages
 
 IM_START, IM_END = 258, 259  # the chat variant's special ids (tiny_model.py)

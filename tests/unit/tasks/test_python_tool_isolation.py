@@ -23,10 +23,10 @@ import pytest
 
 from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import Example
+from rl_training.data.text import encode_plain
 from rl_training.policy.tiny_model import build_tokenizer
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.python_tool import PythonToolEnvironment
-from rl_training.tasks.tools import encode_plain
 from tests.helpers import require_debian_packages
 
 IM_END = 259  # the chat variant's end-of-turn id (tiny_model.py)

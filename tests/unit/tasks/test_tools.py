@@ -11,19 +11,13 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from rl_training.data.sources import Example
+from rl_training.data.text import encode_plain
 from rl_training.policy.tiny_model import CHAT_TEMPLATE, build_tokenizer
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import Environment, Step, Turn
-from rl_training.tasks.tools import (
-    TRUNCATED,
-    ToolEnvironment,
-    ToolTemplateError,
-    argument_problem,
-    encode_plain,
-    final_text,
-    parse_tool_calls,
-)
+from rl_training.tasks.chat_turns import TRUNCATED
+from rl_training.tasks.tools import ToolEnvironment, ToolTemplateError, argument_problem, final_text, parse_tool_calls
 from tests.tool_fns import boom, calculator, echo, raw, sleepy
 
 IM_START, IM_END, PAD, EOS = 258, 259, 0, 1  # the chat variant's special ids (tiny_model.py)
