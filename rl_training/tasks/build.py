@@ -3,11 +3,11 @@
     task = build_task(cfg)                    # task.name + task.args; before any model loads
     task.start(task_context(info, tokenizer, cfg))  # its resources (a sandbox pool, a retriever)
 
-task.name is a built-in name (BUILTIN), a member of a built-in family ('reasoning-gym/<dataset>': FAMILIES) or a
-user task: 'path/to/file.py:NAME' or 'package.module:NAME', read by the plugin loader every extension point shares
-(rl_training/config/plugins.py), where NAME is a Task (or Environment) subclass, a factory returning one, or an
-instance; task.args (a mapping) is handed to the class or factory as keyword arguments. A bad spec is one
-ConfigError line naming it and the cause.
+task.name is a built-in name (BUILTIN), a member of a built-in family ('reasoning-gym/<dataset>',
+'verifiers/<env-id>': FAMILIES) or a user task: 'path/to/file.py:NAME' or 'package.module:NAME', read by the plugin
+loader every extension point shares (rl_training/config/plugins.py), where NAME is a Task (or Environment) subclass,
+a factory returning one, or an instance; task.args (a mapping) is handed to the class or factory as keyword
+arguments. A bad spec is one ConfigError line naming it and the cause.
 """
 
 from __future__ import annotations
@@ -89,6 +89,21 @@ def _reasoning_gym(dataset: str | None) -> Callable[[Config, dict], Task]:
     return make
 
 
+def _verifiers(env_id: str | None) -> Callable[[Config, dict], Task]:
+    def make(cfg: Config, args: dict) -> Task:
+        from rl_training.tasks.verifiers_env.load import NotRunnable, verifiers_task
+
+        h = plugins.head(TASK, "verifiers" if env_id is None else f"verifiers/{env_id}")
+        try:
+            return verifiers_task(env_id, args, cfg)
+        except NotRunnable as e:  # what of v1 this trainer cannot run (docs/verifiers.md), or a load failure
+            raise ConfigError(f"{h}: {e}") from None
+        except ImportError as e:  # verifiers is an optional extra, imported on first use
+            raise ConfigError(f"{h} needs the verifiers package ({one_line(e)}; requirements-extras.txt)") from None
+
+    return make
+
+
 # name -> factory(config, task.args): the families under rl_training/tasks/
 BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "gsm8k": _math("gsm8k"),
@@ -102,11 +117,15 @@ BUILTIN: dict[str, Callable[[Config, dict], Task]] = {
     "python_gsm8k": _python_tool("gsm8k"),
     "python_math": _python_tool("math"),
     "reasoning-gym": _reasoning_gym(None),  # a weighted composite: task.args.datasets (docs/extending.md)
+    "verifiers": _verifiers(None),  # a verifiers Taskset or Env in a user's file: task.args.env (docs/verifiers.md)
 }
 
 # family -> factory(member): 'FAMILY/MEMBER' names one member ('reasoning-gym/spell_backward'); no ':' in it, so it
 # can never be read as a user's 'file.py:NAME'.
-FAMILIES: dict[str, Callable[[str], Callable[[Config, dict], Task]]] = {"reasoning-gym": _reasoning_gym}
+FAMILIES: dict[str, Callable[[str], Callable[[Config, dict], Task]]] = {
+    "reasoning-gym": _reasoning_gym,
+    "verifiers": _verifiers,  # an installed verifiers environment package by id: 'verifiers/<env-id>'
+}
 
 
 TASK = Kind.of_class("task.name", "task", "task.args", Task, what="rl_training.tasks.Task")

@@ -77,7 +77,7 @@ def test_builtin_names_build_their_family():
         "search_subem": SearchTask, "humaneval": CodeTask, "mbpp": CodeTask, "stdio": CodeTask,
         "python_gsm8k": PythonToolEnvironment, "python_math": PythonToolEnvironment,
     }  # fmt: skip
-    assert set(BUILTIN) == set(types) | {"reasoning-gym"}  # its composite needs task.args.datasets
+    assert set(BUILTIN) == set(types) | {"reasoning-gym", "verifiers"}  # these two need task.args
     for name, cls in types.items():
         assert type(make_task(name)) is cls, name
     assert type(make_task("reasoning-gym", {"datasets": {"spell_backward": {}}})) is ReasoningGymTask
