@@ -108,8 +108,8 @@ class LoraCfg:
 
 
 # Task families whose problems are generated, split by the task itself: with no data.train / data.eval set, they read
-# 'task:train' / 'task:heldout' (config/load.py task_splits; tasks/reasoning_gym.py).
-GENERATED_SPLITS = ("reasoning-gym",)
+# 'task:train' / 'task:heldout' (config/load.py task_splits; tasks/reasoning_gym.py, tasks/verifiers_env).
+GENERATED_SPLITS = ("reasoning-gym", "verifiers")
 
 
 @dataclass

@@ -453,12 +453,17 @@ def test_a_task_that_makes_its_splits_reads_them_when_no_data_is_named(tmp_path)
     from rl_training.data.sources import TASK_SPLIT
     from rl_training.tasks.build import FAMILIES
     from rl_training.tasks.reasoning_gym import FAMILY, SPLITS
+    from rl_training.tasks.verifiers_env import FAMILY as VF_FAMILY
+    from rl_training.tasks.verifiers_env import SPLITS as VF_SPLITS
 
     # the facts config/load.py relies on, from where they live
-    assert GENERATED_SPLITS == (FAMILY,) and FAMILY in FAMILIES and TASK_SPLIT == "task:"
-    assert SPLITS == ("train", "heldout")
+    assert GENERATED_SPLITS == (FAMILY, VF_FAMILY) and {FAMILY, VF_FAMILY} <= set(FAMILIES) and TASK_SPLIT == "task:"
+    assert SPLITS == VF_SPLITS == ("train", "heldout")
     cfg = load_config(None, ["task.name=reasoning-gym/spell_backward"])
     assert (cfg.data.train, cfg.data.eval) == ("task:train", "task:heldout")
+    for name in ("verifiers/my-env", "verifiers"):  # an environment package by id, or task.args.env
+        cfg = load_config(None, [f"task.name={name}"])
+        assert (cfg.data.train, cfg.data.eval) == ("task:train", "task:heldout")
     yaml_file = tmp_path / "rg.yaml"
     yaml_file.write_text("task: {name: reasoning-gym, args: {datasets: {spell_backward: {}}}}\ndata: {eval: h.jsonl}\n")
     cfg = load_config(yaml_file)
