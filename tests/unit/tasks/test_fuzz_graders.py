@@ -4,9 +4,11 @@ time. Hypothesis states each property over tests/hostile.py's strategies and thi
 look-alike, unclosed boxes, fences and tags, braces 1000 deep, huge numbers); one plain regression test per crash
 or slowness class found.
 
-Time bounds: every call on the 20,000-character inputs below takes at most about 10 ms once fixed (the slowest:
-normalise_answer on '1. ' repeated; measured on one shared core). The bound is 0.5 s so that a busy machine does not
-fail it; the quadratic scans fixed here took 1-15 s on the regression tests' inputs.
+Time bounds: every call on the 20,000-character inputs below takes at most about 22 ms of CPU once fixed (the
+slowest: math_answer on '\\boxed{<answer>' + '1.\\{' repeated, measured over 3,000 draws of LONG_TEXT); the quadratic
+scans fixed here took 1-15 s on the regression tests' inputs. The bound, 0.5 s, is on the calling thread's CPU time
+(elapsed), the least of 2 calls: a machine so busy that a call waits for its core (CI's other lane runs vLLM
+beside this tier) adds wall time, not CPU time, and wall time failed this bound there once.
 """
 
 from __future__ import annotations
@@ -83,9 +85,13 @@ NO_TAG = TEXT.map(lambda s: s.replace("<", "&lt;"))  # no '<': no tag can open i
 
 
 def elapsed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
+    """The calling thread's CPU seconds for fn(*args), the least of 2 calls: work done, not time spent waiting."""
+    best = math.inf
+    for _ in range(2):
+        t0 = time.thread_time()
+        fn(*args)
+        best = min(best, time.thread_time() - t0)
+    return best
 
 
 @contextmanager

@@ -170,8 +170,9 @@ def test_the_answer_is_reasoning_gyms_own_extraction_and_grading_is_total(text):
 def test_many_unclosed_answer_tags_are_one_pass():
     # reasoning_gym.utils.extract_answer takes 8-14 s on these 90,000 characters (it rescans the rest of the text
     # from every unclosed tag: quadratic, 0.5 s at 20,000); ours reads them once (~1 ms). The bound is loose for a
-    # busy machine, as in test_fuzz_graders.py.
+    # busy machine, and on this thread's CPU time (a call waiting for its core is not work), as in
+    # test_fuzz_graders.py.
     task, text = spell(), "<answer>x" * 10_000
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     assert task.answer(text) is None
-    assert time.perf_counter() - t0 < 0.5
+    assert time.thread_time() - t0 < 0.5
