@@ -6,8 +6,12 @@ values to 1e-4 relative or 1e-5 absolute (bit-identical on the machine that reco
 another CPU's float32 kernels: on an AMD EPYC, log-probs and gradient norms differ from the recording by 1e-7
 relative, B_simple (a ratio of a difference) by 1.3e-5, the near-zero canary and mismatch statistics such as
 rollout/logp_diff_max and is/chi2_token by up to 1.2e-6 absolute; a change of the algorithm, such as reward_std
-without n/(n-1), moves values by percents). Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared by
-key only.
+without n/(n-1), moves values by percents). Two families are ill-conditioned and compared to 1e-3 relative
+(ILL_CONDITIONED): the noise scale's estimates (probe/gns/*: differences of squared norms, then ratios) and the
+LoRA spectra (lora/*: singular values of an update two steps old); on an Intel Xeon (2.8 GHz, no AVX-512) they
+differ from the recording by up to 1.02e-4 relative (b_simple@micro) and 8.8e-5 (lora/stable_rank), where every
+other value stays within 2e-5 relative or 1e-6 absolute. Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared
+by key only.
 
 Re-record after a deliberate change of a metric: RL_RECORD_METRICS=1 pytest tests/integration/test_step_metrics.py
 """
@@ -25,6 +29,7 @@ from tests.helpers import REPO, TESTCFG, doc_file, read_metrics
 
 GOLDEN = REPO / "tests" / "fixtures" / "step_metrics.json"
 TIMED = ("perf/", "mem/")
+ILL_CONDITIONED = ("probe/gns/", "lora/")  # compared to 1e-3 relative (module docstring)
 
 SINGLE = [
     "train.total_steps=3",
@@ -90,6 +95,7 @@ def test_step_metrics_match_the_recorded_ones(run_overrides, tmp_path):
             for k, v in w.items():
                 if v is None or g[k] == v or (isinstance(v, float) and math.isnan(v) and math.isnan(g[k])):
                     continue
-                assert isinstance(v, float) and math.isclose(g[k], v, rel_tol=1e-4, abs_tol=1e-5), (
+                rel_tol = 1e-3 if k.startswith(ILL_CONDITIONED) else 1e-4
+                assert isinstance(v, float) and math.isclose(g[k], v, rel_tol=rel_tol, abs_tol=1e-5), (
                     run_name, step, k, g[k], v,
                 )  # fmt: skip
