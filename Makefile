@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search demo-tools bench-multiturn test test-fast test-cluster test-stress test-demos fuzz quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup gpu-check demo demo-code demo-search demo-tools demo-reasoning-gym bench-multiturn test test-fast test-cluster test-stress test-demos fuzz quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -33,6 +33,11 @@ demo-search: setup
 # empty-result ablation.
 demo-tools: setup
 	$(PY) scripts/demo_tools.py
+
+# A reasoning-gym dataset by name on CPU (docs/extending.md): SFT on spell_backward's generated answers, RL graded by
+# its score_answer and the shuffled-reward ablation. scripts/survey_reasoning_gym.py runs the same on other datasets.
+demo-reasoning-gym: setup
+	$(PY) scripts/demo_reasoning_gym.py
 
 bench-multiturn: setup
 	flock /tmp/bench.lock $(PY) scripts/bench_multiturn.py
