@@ -3,7 +3,8 @@
     make bench-trl                                    # sets up .venv-trl (TRL, optional) and runs this
     .venv-trl/bin/python scripts/bench_trl.py [--steps 20 --block 5 --warmup 3] [--points short,long]
         [--contenders trl,ours-vllm,ours-hf,ours-hf-noprobe,floor] [--out bench_results/bench_trl.json]
-        (also ours-hf-pack / ours-vllm-pack: with train.pack_sequences=true)
+        (also ours-hf-pack / ours-vllm-pack: with train.pack_sequences=true; ours-hf-noskip / ours-vllm-noskip:
+        with train.drop_zero_adv_groups=false, every group forwarded and back-propagated as TRL does)
 
 The work (issue 21): Dr-GRPO (TRL: loss_type="dr_grpo", scale_rewards="none", beta=0), LoRA r=8 alpha=16
 dropout 0 on q,k,v,o,gate,up,down, AdamW lr 1e-4 constant, grad-norm clip 1.0, 16 prompts x 8 completions per
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+SKIPPED = "skipped_token_frac"  # our rows' train/skipped_token_frac, carried beside the phases
 POINTS = {"short": {"task": "add", "max_new": 16}, "long": {"task": "reverse_long", "max_new": 48}}
 PROMPTS, GROUP = 16, 8
 
@@ -130,6 +132,7 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         state["step"] += 1
         skip = ("perf/step_s", "perf/tokens_per_s", "perf/gen_tokens_per_s")  # not phases
         phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k not in skip}
+        phases[SKIPPED] = m["train/skipped_token_frac"]  # the share of tokens train.drop_zero_adv_groups skipped
         return dt, m["rollout/response_len_mean"] * PROMPTS * GROUP, phases
 
     step.run = run  # for scripts that time the backend directly (bench_sync.py)
@@ -297,6 +300,7 @@ def worker_main(name: str, point: str, work: Path) -> None:
     else:
         backend = "vllm" if name.startswith("ours-vllm") else "hf"
         extra = ["train.pack_sequences=true"] if name.endswith("-pack") else []  # padding-free micro-batches
+        extra += ["train.drop_zero_adv_groups=false"] if name.endswith("-noskip") else []  # TRL's work: every group
         step = ours(model, data, spec["max_new"], backend, probes=name != "ours-hf-noprobe", out=out, extra=extra)
     reply({"ready": True})
     while (k := commands()) is not None:
@@ -412,19 +416,21 @@ def table(results: dict, n_runs: int) -> str:
         lines.append(f"\n{point}: {PROMPTS} prompts x {GROUP}, max {POINTS[point]['max_new']} new tokens")
         lines.append(
             f"{'contender':<17}{'s/step':>22}{'compl/s':>9}{'tok/s':>9}{'RSS GB':>8}{'vs TRL':>20}{'vs floor':>20}"
-            "  phases (s)"
+            f"{'skipped':>9}  phases (s)"
         )
         for n, r in rows.items():
             vs_trl = _spread(r["vs_trl_runs"], ".2f") if "vs_trl_runs" in r else "-"
             vs_floor = _spread(r["vs_floor_runs"], ".2f") if "vs_floor_runs" in r else "-"
-            ph = " ".join(f"{k} {v:.3f}" for k, v in r.get("phases_s", {}).items())
+            ph = " ".join(f"{k} {v:.3f}" for k, v in r.get("phases_s", {}).items() if k != SKIPPED)
+            skipped = f"{r['phases_s'][SKIPPED]:.2f}" if SKIPPED in r.get("phases_s", {}) else "-"
             lines.append(
                 f"{n:<17}{_spread(r['s_per_step_runs'], '.3f'):>22}{r['completions_per_s']:>9.0f}"
-                f"{r['tokens_per_s']:>9.0f}{r['peak_rss_gb']:>8.2f}{vs_trl:>20}{vs_floor:>20}  {ph}"
+                f"{r['tokens_per_s']:>9.0f}{r['peak_rss_gb']:>8.2f}{vs_trl:>20}{vs_floor:>20}{skipped:>9}  {ph}"
             )
     lines.append(
         f"\nMedian over {n_runs} runs [min-max]. 'vs TRL': TRL's s/step over the row's within each run (throughput "
-        "ratio, > 1 is faster); 'vs floor': the row's s/step over the floor's."
+        "ratio, > 1 is faster); 'vs floor': the row's s/step over the floor's; 'skipped': the median share of "
+        "generated tokens in zero-advantage groups, not forwarded or back-propagated (train.drop_zero_adv_groups)."
     )
     return "\n".join(lines)
 

@@ -68,12 +68,16 @@ def test_bench_trl_reports_the_median_and_spread_over_runs():
         return {"s_per_step": s, "completions_per_s": 128 / s, "tokens_per_s": 10 / s, "peak_rss_gb": s}
 
     runs = [{"short": {"trl": row(t), "ours-hf": row(o)}} for t, o in ((1.0, 0.5), (1.2, 0.8), (0.9, 0.6))]
+    for run, skipped in zip(runs, (0.25, 0.10, 0.20), strict=True):  # ours: the share drop_zero_adv_groups skipped
+        run["short"]["ours-hf"]["phases_s"] = {"generate": 0.1, bench_trl.SKIPPED: skipped}
     out = bench_trl.combine(runs)["short"]
     assert out["ours-hf"]["s_per_step"] == 0.6 and out["ours-hf"]["s_per_step_runs"] == [0.5, 0.8, 0.6]
     assert out["ours-hf"]["vs_trl_runs"] == pytest.approx([2.0, 1.5, 1.5])
     assert out["ours-hf"]["peak_rss_gb"] == 0.8  # the largest of the runs
     text = bench_trl.table({"short": out}, 3)
     assert "0.600 [0.500-0.800]" in text and "1.50 [1.50-2.00]" in text and "Median over 3 runs" in text
+    ours_line = next(line for line in text.splitlines() if line.startswith("ours-hf"))
+    assert "0.20  generate 0.100" in ours_line  # the skipped share's median in its own column, not a phase
 
 
 def test_profile_step_rows_name_functions_that_exist():
