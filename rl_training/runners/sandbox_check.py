@@ -24,6 +24,21 @@ PROBE_TIMEOUT_S = 30.0
 PROBE = r"""
 import ctypes, os, resource, socket
 
+def seccomp_modes(pids):
+    # A process may exit between the listing and the read (in weak mode the host's are all visible): it is gone,
+    # not unfiltered. Any other failure to read is reported as such, never as filtered.
+    modes = {}
+    for pid in pids:
+        try:
+            lines = open(f"/proc/{pid}/status").read().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except OSError as e:
+            modes[pid] = f"unreadable ({type(e).__name__})"
+            continue
+        modes[pid] = ([l.split()[1] for l in lines if l.startswith("Seccomp:")] or ["absent"])[0]
+    return modes
+
 def facts(host_cwd):
     def net():
         try:
@@ -44,10 +59,7 @@ def facts(host_cwd):
     nested_userns = libc.unshare(0x10000000) == 0  # CLONE_NEWUSER
     lim = {n: resource.getrlimit(getattr(resource, n))[0] for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC",
            "RLIMIT_FSIZE", "RLIMIT_NOFILE")}
-    pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-    def seccomp(pid):
-        lines = open(f"/proc/{pid}/status").read().splitlines()
-        return [l.split()[1] for l in lines if l.startswith("Seccomp:")][0]
+    filtered = seccomp_modes(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
     def mem_writable(pid):
         try:
             os.close(os.open(f"/proc/{pid}/mem", os.O_RDWR))
@@ -55,7 +67,7 @@ def facts(host_cwd):
         except OSError:
             return False
     return {"uid": os.getuid(), "cap_eff": cap_eff, "network": net(), "nested_userns": nested_userns,
-            "pids": pids, "filtered": {p: seccomp(p) for p in pids},
+            "pids": sorted(filtered), "filtered": filtered,
             "pid1_memory_writable": mem_writable(1),
             "host_paths": [p for p in ("/etc/passwd", "/root", "/home", host_cwd) if os.path.exists(p)],
             "root_writable": writable("/usr/probe") or writable("/probe") or writable("/dev/probe"),

@@ -8,7 +8,7 @@ relative, B_simple (a ratio of a difference) by 1.3e-5, the near-zero canary and
 rollout/logp_diff_max and is/chi2_token by up to 1.2e-6 absolute; a change of the algorithm, such as reward_std
 without n/(n-1), moves values by percents). Two families are ill-conditioned and compared to 1e-3 relative
 (ILL_CONDITIONED): the noise scale's estimates (probe/gns/*: differences of squared norms, then ratios) and the
-LoRA spectra (lora/*: singular values of an update two steps old); on an Intel Xeon (2.8 GHz, no AVX-512) they
+LoRA spectra (lora/*: singular values of an update two steps old); on an Intel Xeon (2.8 GHz, AVX-512) they
 differ from the recording by up to 1.02e-4 relative (b_simple@micro) and 8.8e-5 (lora/stable_rank), where every
 other value stays within 2e-5 relative or 1e-6 absolute. Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared
 by key only.

@@ -67,9 +67,9 @@ def files(where: Path) -> list[str]:
 def tool_model(tool_files, tmp_path_factory) -> Path:
     """The tiny chat model after a short SFT on the gold episodes (observations masked): it calls the tool.
     120 steps at lr 5e-3 (about 95 s on one core). 70 and 80 steps gave 8 of 8 greedy two-call episodes here, on 1
-    thread or 2, but 80 gave 0 of 8 on the clean-clone CI machine (each call closed '</tool_calll_cal></tol>': its
-    kernels round differently and the closing tag was barely learned); 60 steps (lr 6e-3 or 1e-2) have not learned
-    the call's JSON (0 of 8). 120 is 1.5x the most that still failed somewhere."""
+    thread or 2, but 80 gave 0 of 8 in a clean-clone CI run (each call closed '</tool_calll_cal></tol>': the
+    closing tag barely learned); 60 steps (lr 6e-3 or 1e-2) have not learned the call's JSON (0 of 8). 120 is 1.5x
+    the most that still failed somewhere."""
     from rl_training.policy.tiny_model import make_tiny_model
     from rl_training.runners import sft_runner
 
