@@ -10,8 +10,8 @@ without n/(n-1), moves values by percents). Two families are ill-conditioned and
 (ILL_CONDITIONED): the noise scale's estimates (probe/gns/*: differences of squared norms, then ratios) and the
 LoRA spectra (lora/*: singular values of an update two steps old); on an Intel Xeon (2.8 GHz, AVX-512) they
 differ from the recording by up to 1.02e-4 relative (b_simple@micro) and 8.8e-5 (lora/stable_rank), where every
-other value stays within 2e-5 relative or 1e-6 absolute. Timings and memory (perf/*, mem/*) are not values of the algorithm and are compared
-by key only.
+other value stays within 2e-5 relative or 1e-6 absolute. Timings and memory (perf/*, mem/*) are not values of
+the algorithm and are compared by key only.
 
 Re-record after a deliberate change of a metric: RL_RECORD_METRICS=1 pytest tests/integration/test_step_metrics.py
 """

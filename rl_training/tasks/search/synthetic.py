@@ -2,8 +2,8 @@
 
 Every key (a random pronounceable word, 3 syllables by default: 'bazoki') has one corpus passage with a
 random 3-digit code:
-- 1 hop: 'bazoki\ncode 417'; the question 'code of bazoki?' -> '417' (one search: bazoki);
-- 2 hops: 'bazoki\nbazoki code 417; friend kelumo.' with a friend (another key of the same split); the question
+- 1 hop: 'bazoki\ncode=417'; the question 'code of bazoki?' -> '417' (one search: bazoki);
+- 2 hops: 'bazoki\nbazoki code=417; friend kelumo.' with a friend (another key of the same split); the question
   'code of friend of bazoki?' -> kelumo's code (two searches: bazoki, then kelumo).
 Keys are split into training and held-out pools before anything else, and friends stay inside their pool,
 so a held-out question never touches a key (or a code) that a training question does: its code can only
@@ -15,13 +15,14 @@ tiny model memorises the training codes, which never transfers to a held-out key
 observation, which does, was then learned late or not at all (held-out EM 0.05 after 450 steps with 400 keys).
 With 20,000 each key is seen under once in a short SFT, so memorising cannot lower the loss.
 
-Why each observation is followed by a note in `<think>` ('<think>code 417</think><answer>417</answer>'): the
-note repeats the passage's own words, so copying the digits into it is a plain induction (after 'code ', what
-followed 'code ' before), and the answer then copies from a few tokens back. Answering straight from the
-observation needs the model to locate the code first; the tiny model learned that abruptly, at a step that
-depended on the data order (400 to over 900 steps); with the note, at ~250-300 steps (docs/search.md, the
-CPU demo, has the measurements). Search-R1's prompt asks for the same: reasoning in `<think>` after new
-information.
+Why each observation is followed by a note in `<think>` ('<think>code=417</think><answer>417</answer>'): the
+note repeats the passage's own words, so copying the digits into it is a plain induction (after '=', what
+followed '=' before), and the answer then copies from a few tokens back. '=' rather than a space: with it the
+copy was learned for more data orders on one machine (docs/search.md, the CPU demo, has the table). Answering
+straight from the observation needs the model to locate the code first; the tiny model learned that abruptly,
+at a step that depended on the data order (400 to over 900 steps); with the note, at ~250-300 steps
+(docs/search.md, the CPU demo, has the measurements). Search-R1's prompt asks for the same: reasoning in
+`<think>` after new information.
 
 Gold episodes are the exact text of a successful episode, in segments marked trainable (what the policy
 samples) or not (the observation the engine appends), the observations produced by the same BM25 retriever
@@ -80,16 +81,16 @@ def make_facts(keys: list[str], rng: random.Random) -> dict[str, Fact]:
 
 def passage(f: Fact, pid: int, hops: int) -> Passage:
     if hops == 1:
-        return Passage(str(pid), f"{f.key}\ncode {f.code}")
-    return Passage(str(pid), f"{f.key}\n{f.key} code {f.code}; friend {f.friend}.")
+        return Passage(str(pid), f"{f.key}\ncode={f.code}")
+    return Passage(str(pid), f"{f.key}\n{f.key} code={f.code}; friend {f.friend}.")
 
 
 def question(f: Fact, facts: dict[str, Fact], hops: int) -> tuple[str, str, list[str], list[str]]:
     """(question, answer, search queries of a successful episode, the note it makes after each search)."""
     if hops == 1:
-        return f"code of {f.key}?", f.code, [f.key], [f"code {f.code}"]
+        return f"code of {f.key}?", f.code, [f.key], [f"code={f.code}"]
     friend = facts[f.friend]
-    return f"code of friend of {f.key}?", friend.code, [f.key, f.friend], [f"friend {f.friend}", f"code {friend.code}"]
+    return f"code of friend of {f.key}?", friend.code, [f.key, f.friend], [f"friend {f.friend}", f"code={friend.code}"]
 
 
 def gold_episode(

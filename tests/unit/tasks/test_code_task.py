@@ -34,7 +34,7 @@ def test_the_probe_skips_a_process_that_exits_while_it_reads(tmp_path):
     ns: dict = {}
     exec(check.PROBE.split("def facts(")[0], ns)  # only the definitions above facts(): nothing runs, no unshare
     gone = int(open("/proc/sys/kernel/pid_max").read()) + 1
-    mine = [l.split()[1] for l in open("/proc/self/status").read().splitlines() if l.startswith("Seccomp:")][0]
+    mine = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("Seccomp:"))
     assert ns["seccomp_modes"]([os.getpid(), gone]) == {os.getpid(): mine}
 
 

@@ -185,10 +185,10 @@ def test_synthetic_task(tmp_path, hops, tiny_model):
             assert obs == [information_block(r.retrieve([q], 3).passages[0]) for q in queries]
             code = g["golden_answers"][0]
             # after each observation a note of what it said, then the next action; the last one answers
-            assert acts[-1] == f"<think>code {code}</think><answer>{code}</answer>"
+            assert acts[-1] == f"<think>code={code}</think><answer>{code}</answer>"
             if hops == 2:
                 assert acts[1].startswith(f"<think>friend {queries[1]}</think>") and f"friend {queries[1]}." in obs[0]
-            assert f"code {code}" in obs[-1]
+            assert f"code={code}" in obs[-1]
             text = g["prompt"] + "".join(s["text"] for s in g["segments"])
             ids = tok(text, add_special_tokens=False)["input_ids"]
             assert len(ids) == len(text) and tok.decode(ids) == text  # ASCII: one token per character
