@@ -67,7 +67,7 @@ def facts(host_cwd):
         except OSError:
             return False
     return {"uid": os.getuid(), "cap_eff": cap_eff, "network": net(), "nested_userns": nested_userns,
-            "pids": sorted(filtered), "filtered": filtered,
+            "filtered": filtered,
             "pid1_memory_writable": mem_writable(1),
             "host_paths": [p for p in ("/etc/passwd", "/root", "/home", host_cwd) if os.path.exists(p)],
             "root_writable": writable("/usr/probe") or writable("/probe") or writable("/dev/probe"),
@@ -128,7 +128,7 @@ def run_checks(pool: Pool) -> list[tuple[str, bool, str]]:
         unfiltered = {p: m for p, m in facts["filtered"].items() if m != "2"}
         out.append(("filter_on_every_process", not unfiltered, f"Seccomp modes: {facts['filtered']}"))
     if pool.settings.mode == "strict":  # pid 1 = the template (bwrap --as-pid-1), pid 2 = the candidate
-        out.append(("pid_namespace", len(facts["pids"]) <= 2, f"pids seen: {facts['pids']}"))
+        out.append(("pid_namespace", len(facts["filtered"]) <= 2, f"pids seen: {sorted(facts['filtered'])}"))
     good = Program("def f(x):\n    return x + 1\n", "call", tests=("assert f(1) == 2",))
     bad = Program("def f(x):\n    return x\n", "call", tests=("assert f(1) == 2",))
     out.append(("correct_program_passes", judge(pool, good, 10.0).passed, ""))

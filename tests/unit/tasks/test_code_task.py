@@ -24,7 +24,7 @@ def test_node_check_holds(pool):
     assert len(results) == 14
 
 
-def test_the_probe_skips_a_process_that_exits_while_it_reads(tmp_path):
+def test_the_probe_skips_a_process_that_exits_while_it_reads():
     """The probe lists /proc, then reads each process's status; in weak mode it sees the host's processes, and one
     that exits in between (CI's side lane starts and ends many) once stopped the probe with FileNotFoundError.
     A pid above pid_max never exists: it is skipped; this process reads as its own status says (0 here, 2 under a
