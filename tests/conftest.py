@@ -111,10 +111,11 @@ def run_overrides(warm_model, reverse_data, tmp_path) -> list[str]:
 
 
 # Test tiers are folders: tests/unit/<package>/ (pure functions and small components), tests/integration/ (the
-# real runner, torchrun, vLLM or a server, small), tests/cluster/ (a real Slurm, rclone or the cluster shell
+# real runner, torchrun, vLLM or a server, small), tests/real_model/ (the same paths on the one real pretrained
+# model, SmolLM2-135M-Instruct from `make real-model`), tests/cluster/ (a real Slurm, rclone or the cluster shell
 # scripts), tests/stress/ (many repeated runs under load), tests/demos/ (the learning demos). Each test gets its
 # folder's marker (`pytest -m unit` is the fast loop; `make test-fast` is unit + integration without the slow ones).
-TIERS = ("unit", "integration", "cluster", "stress", "demos")
+TIERS = ("unit", "integration", "real_model", "cluster", "stress", "demos")
 
 
 def tier_of(path: Path) -> str:

@@ -34,6 +34,8 @@ from rl_training.train.update import NULL_PROBES, UpdateHParams, forward_logits,
 # ------------------------------------------------------------------------------------------- paths, configs
 REPO = Path(__file__).resolve().parents[1]
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
+# the real-model demo's configs (tests/real_model/: SmolLM2-135M-Instruct, make real-model)
+REAL_RL_CFG, REAL_SFT_CFG = REPO / "cfg" / "smollm2_rl.yaml", REPO / "cfg" / "smollm2_sft.yaml"
 SFT_CFG = str(REPO / "cfg" / "tiny_sft.yaml")
 FIXTURES = REPO / "tests" / "fixtures"
 WORKERS = REPO / "tests" / "workers"
@@ -355,7 +357,7 @@ def one_micro_batch(ro, adv, groups):
 
 
 def backward(model, mb, norm):
-    logp = token_logprobs(forward_logits(model, mb), mb.targets)
+    logp = mb.unpack(token_logprobs(forward_logits(model, mb), mb.row_targets))
     policy_loss(
         LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
     ).loss.backward()

@@ -5,3 +5,6 @@ USER_ERROR_EXIT_CODE = 2  # bad input or environment (rl_training.base.errors.Us
 STOPPED_EXIT_CODE = 75  # stopped on run.stop_signal after a checkpoint; resume with ckpt.resume=latest (EX_TEMPFAIL)
 # the weight-state guard stopped the run after a checkpoint (train/weight_guard.py); EX_SOFTWARE: a sync failed
 WEIGHT_STATE_EXIT_CODE = 70
+# the length-drift guard stopped the run after a checkpoint: held-out accuracy fell while responses ran into the
+# token budget (train/drift_guard.py); EX_DATAERR: the run's own results say it is failing
+DRIFT_EXIT_CODE = 65

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rl_training.base.exit_codes import STOPPED_EXIT_CODE, WEIGHT_STATE_EXIT_CODE
+from rl_training.base.exit_codes import DRIFT_EXIT_CODE, STOPPED_EXIT_CODE, WEIGHT_STATE_EXIT_CODE
 
 ALLOW_EXACT = {
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
@@ -337,9 +337,9 @@ def exit_status(codes: list[int]) -> int:
     """The node's status from its failed workers' exit codes. Stopped workers exit 75 only after a barrier
     that follows the checkpoint and the final upload, but not at the same instant: torchrun's agent
     SIGTERMs the rest of the node's workers as soon as the first one exits non-zero. A SIGTERM next to a 75
-    therefore still means a clean stop. The weight-state guard's status is kept the same way (every rank
-    checkpoints, then stops with it)."""
-    for kept in (STOPPED_EXIT_CODE, WEIGHT_STATE_EXIT_CODE):
+    therefore still means a clean stop. The weight-state and length-drift guards' statuses are kept the same way
+    (every rank checkpoints, then stops with it)."""
+    for kept in (STOPPED_EXIT_CODE, WEIGHT_STATE_EXIT_CODE, DRIFT_EXIT_CODE):
         if kept in codes and set(codes) <= {kept, -signal.SIGTERM}:
             return kept
     return 1

@@ -136,15 +136,31 @@ class DataCfg:
     eval: str = _f("data/reverse/heldout.jsonl", "Held-out prompts, same forms as `train`.")
     question_key: str = _f("question", "Record field of the question (the built-in math, reverse and search tasks).")
     answer_key: str = _f("answer", "Record field of the reference answer or solution (the same tasks).")
-    prompt_template: str = _f("{question}=", "Prompt text; '{question}' is replaced by the question.")
-    system_prompt: str = _f("", "System message, used only with use_chat_template.")
-    use_chat_template: bool = _f(False, "Wrap the prompt with the tokenizer's chat template.")
+    prompt_template: str = _f(
+        "",
+        "Prompt text; '{question}' is replaced by the question. '' = the task's own format (Task.prompt_template: "
+        "'{question}' for every built-in task but the reverse demo's '{question}=').",
+    )
+    system_prompt: str = _f("", "System message, used only with the chat template.")
+    use_chat_template: Literal["auto", True, False] = _f(
+        "auto",
+        "Render prompts with the tokenizer's chat template: auto = when the tokenizer has one (an instruct model's "
+        "own format), true = always (an error without one), false = plain text.",
+    )
     max_prompt_tokens: int = _f(256, "Prompts longer than this are an error.", ge=1)
 
 
 @dataclass
 class RewardCfg:
     timeout_s: float = _f(5.0, "Per-completion time limit of a reward function; over it scores 0.", gt=0)
+    overlong_buffer: int = _f(
+        0,
+        "DAPO's soft overlong punishment: responses longer than the budget (rollout.max_new_tokens, or a multi-turn "
+        "episode's trainable tokens) minus this many tokens lose up to reward.overlong_penalty, linearly to the "
+        "budget (algs/shaping.py; reward/overlong_penalty_mean); 0 = off.",
+        ge=0,
+    )
+    overlong_penalty: float = _f(1.0, "The penalty at the budget (reward.overlong_buffer).", ge=0)
 
 
 @dataclass
@@ -314,6 +330,11 @@ class LossCfg:
     )
     clip_high: float | None = _f(None, "Ratio clip above, 1 + clip_high; unset = the objective's paper value.", ge=0)
     kl_coef: float = _f(0.0, "Coefficient of the KL penalty to the adapter-disabled reference.", ge=0)
+    overlong_filter: bool = _f(
+        False,
+        "DAPO's overlong filtering: responses cut by the token budget (rollout/truncation_rate) carry no loss term; "
+        "their rewards still count in their group's advantages, and Dr-GRPO's normaliser stays the constant.",
+    )
     kl_log_every: int = _f(
         10,
         "With kl_coef = 0 the reference forward only measures train/kl: run it on every this many steps (the "
@@ -458,6 +479,22 @@ class EvalCfg:
     top_p: float = _f(1.0, "Nucleus sampling mass of the eval samples.", gt=0, le=1)
     seed: int = _f(
         1234, "Eval sampling seed (problem i uses seed + i): every checkpoint draws with the same seeds.", ge=0
+    )
+    drift_accuracy_drop: float = _f(
+        0.1,
+        "Length-drift guard (train/drift_guard.py): an in-loop eval drifts when eval/accuracy is this far below the "
+        "best eval so far and eval/truncation_rate is drift_truncation_rise above its value there.",
+        ge=0,
+        le=1,
+    )
+    drift_truncation_rise: float = _f(
+        0.2, "See drift_accuracy_drop: the rise of the greedy truncation rate.", ge=0, le=1
+    )
+    drift_stop_evals: int = _f(
+        2,
+        "Checkpoint and stop the run (exit status 65) after this many drifting in-loop evals in a row "
+        "(eval/alert/length_drift); 0 = only the alert.",
+        ge=0,
     )
 
 

@@ -10,12 +10,26 @@ import numpy as np
 from rl_training.data.sources import DataError, Example
 
 
+def chat_template_on(setting: bool | str, tokenizer) -> bool:
+    """data.use_chat_template resolved against the tokenizer: 'auto' = whether it has a chat template (an instruct
+    model's prompts in its own format); true without a template is an error naming the model."""
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if setting == "auto":
+        return has
+    if setting and not has:
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DataError(f"data.use_chat_template=true but the tokenizer of {name!r} has no chat template")
+    return bool(setting)
+
+
 def render_prompt(
-    question: str, template: str, tokenizer=None, use_chat_template: bool = False, system_prompt: str = ""
+    question: str, template: str, tokenizer=None, use_chat_template: bool | str = False, system_prompt: str = ""
 ) -> str:
+    """`template` around the question; in the tokenizer's chat template as the user turn (after a system turn
+    when `system_prompt`) when `use_chat_template` says so (chat_template_on)."""
     # str.replace, not str.format: LaTeX questions are full of braces.
     text = template.replace("{question}", question)
-    if not use_chat_template:
+    if not chat_template_on(use_chat_template, tokenizer):
         return text
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": text})

@@ -203,6 +203,8 @@ ALERT_TEXT = {
     "probe/alert/rollout_split": "the current completions per prompt K costs >= 1.25x the gradient variance x "
     "compute of the advisor's K*, outside its +-2 SE band, with a trusted estimate: read probe/advisor/k_star and "
     "b_star (docs/probes.md 10)",
+    "eval/alert/length_drift": "held-out accuracy fell while the greedy truncation rate rose (eval.drift_*): the "
+    "policy is learning not to stop; the run stops after eval.drift_stop_evals such evals (train/drift_guard.py)",
     "lora/alert/rank_collapse": "most adapted modules put over 83% of their update in one direction (stable rank "
     "< 1.2): LoRA rank collapse; read the trend of lora/stable_rank/* and lora/update_norm/* (docs/probes.md 8)",
 }

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl_training.algs.shaping import overlong_penalty
 from rl_training.base import dist, faults
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
 from rl_training.base.parts import Part, assemble
@@ -60,6 +61,7 @@ from rl_training.runtime.seeding import seed_all, set_cpu_threads
 from rl_training.runtime.stopping import StopOnSignal
 from rl_training.tasks.base import Scores, Task, score_completions
 from rl_training.tasks.build import build_task, task_context
+from rl_training.train.drift_guard import DriftGuard
 from rl_training.train.learner import Learned, Learner
 from rl_training.train.optimizer import build_optimizer
 from rl_training.train.step_guard import SkipGuard
@@ -89,6 +91,7 @@ class Run:
     syncer: CheckpointSyncer | NullSyncer
     skips: SkipGuard  # non-finite steps skipped so far (rl_training/train/step_guard.py)
     weights: WeightGuard  # were the rollouts sampled from the trained weights? (rl_training/train/weight_guard.py)
+    drift: DriftGuard  # does held-out accuracy fall while responses run into the budget? (train/drift_guard.py)
     best: BestCheckpoint  # ckpt.keep_best: the step whose checkpoint pruning keeps (rl_training/ckpt/best.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
@@ -218,6 +221,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
         weights=WeightGuard(cfg, resumed_state.get("weight_guard")),
+        drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
         samples=StepSamples(
             cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, derived.run_dir, info.is_main, start_step
@@ -273,8 +277,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     sampled = {**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)}
     with timer("score"):
         scores = score_completions(run.task, batch.rollouts.texts, batch.examples, run.cfg.reward.timeout_s)
+        rewards, shaping = shaped_rewards(run, batch.rollouts, scores.rewards)
     with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
-        learned = run.learner.learn(batch, scores.rewards, step, before_update=run.backend.sleep)
+        learned = run.learner.learn(batch, rewards, step, before_update=run.backend.sleep)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
@@ -289,7 +294,27 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
                 probed |= lora_health(run.model)
     if learned.ran:
         run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
-    return step_metrics(run, step, batch, scores, learned, timer, {**probed, **run.backend.metrics(), **sampled})
+    ready = {**probed, **run.backend.metrics(), **sampled}
+    return step_metrics(run, step, batch, scores, learned, timer, ready, shaping)
+
+
+def shaped_rewards(run: Run, ro, rewards: list[float]) -> tuple[list[float], list[Part]]:
+    """The rewards the learner trains on: the task's minus DAPO's soft overlong penalty (reward.overlong_buffer;
+    algs/shaping.py) over the response budget, and the Part that logs it (none when off: rollout/reward_mean stays
+    the task's reward either way)."""
+    r = run.cfg.reward
+    if not r.overlong_buffer:
+        return rewards, []
+    lengths = [ro.trainable(i) for i in range(len(ro))]
+    pen = overlong_penalty(lengths, run.learner.max_trainable_tokens, r.overlong_buffer, r.overlong_penalty)
+    part = Part(
+        sums={"pen": sum(pen), "hit": sum(p > 0 for p in pen), "n": len(pen)},
+        finish=lambda s, m, logged: {
+            "reward/overlong_penalty_mean": s["pen"] / s["n"],
+            "reward/overlong_penalized_frac": s["hit"] / s["n"],
+        },
+    )
+    return [x - p for x, p in zip(rewards, pen, strict=True)], [part]
 
 
 def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
@@ -306,12 +331,20 @@ def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
 
 
 def step_metrics(
-    run: Run, step: int, batch: StepBatch, scores: Scores, learned: Learned, timer: PhaseTimer, ready: dict[str, float]
+    run: Run,
+    step: int,
+    batch: StepBatch,
+    scores: Scores,
+    learned: Learned,
+    timer: PhaseTimer,
+    ready: dict[str, float],
+    extra: list[Part] = (),
 ) -> dict[str, float]:
     """The one assembly site of a step's metrics: every producer's Part (base/parts.py), reduced together once.
-    `ready`: values already agreed or one engine's own (the probes' own reductions, the backend's, the queue's)."""
+    `ready`: values already agreed or one engine's own (the probes' own reductions, the backend's, the queue's);
+    `extra`: the reward shaping's Parts."""
     ro, stats = batch.rollouts, learned.stats
-    parts = [step_part(ro, scores, learned.advantages, batch.group_size, stats, timer, learned.lr)]
+    parts = [step_part(ro, scores, learned.advantages, batch.group_size, stats, timer, learned.lr), *extra]
     if learned.ran:  # a step skipped for a non-finite reward trained on nothing: no episode or guard judgement
         episodes = episode_part(ro, stats.turn_logp_diff, run.task)
         parts += [episodes] if episodes is not None else []
@@ -349,6 +382,7 @@ def checkpoint(run: Run, step: int) -> None:
             "probes": run.probes.state_dict(),
             "skips": run.skips.state_dict(),
             "weight_guard": run.weights.state_dict(),
+            "drift": run.drift.state_dict(),
             "best": run.best.state_dict(),
         },
         run.cfg.ckpt.keep_last,
@@ -395,6 +429,7 @@ def train(run: Run, stop: StopOnSignal) -> int:
             )
             return STOPPED_EXIT_CODE
         metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
+        metrics |= run.drift.observe(step + 1, metrics)
         run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
@@ -403,6 +438,11 @@ def train(run: Run, stop: StopOnSignal) -> int:
                 checkpoint(run, step + 1)
                 saved = step + 1
             raise run.weights.error(step + 1, f"checkpoint at step {saved} saved")
+        if run.drift.tripped():
+            if saved != step + 1:
+                checkpoint(run, step + 1)
+                saved = step + 1
+            raise run.drift.error(f"checkpoint at step {saved} saved")
         report_alerts(run, metrics, step + 1)
         kl = {"kl": metrics["train/kl"]} if "train/kl" in metrics else {}  # measured every loss.kl_log_every steps
         bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], **kl)

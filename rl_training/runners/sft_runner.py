@@ -42,6 +42,7 @@ from rl_training.tasks.base import Environment
 from rl_training.tasks.build import build_task
 from rl_training.train.optimizer import build_optimizer
 from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
+from rl_training.train.update import takes_logits_to_keep
 
 
 def encode_pairs(examples, data_cfg, tokenizer, task) -> list[tuple[list[int], list[int]]]:
@@ -67,6 +68,19 @@ def collate(pairs, pad_id: int, device):
         m = torch.tensor(mask, dtype=torch.bool)
         labels[i, : len(seq)] = torch.where(m, ids[i, : len(seq)], -100)
     return ids.to(device), attn.to(device), labels.to(device)
+
+
+def answer_loss(model, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled tokens (transformers' causal-LM loss), with the LM head run
+    only from the earliest labelled position's predecessor on (logits_to_keep): prompt positions carry no loss,
+    and with a 49k vocabulary their logits were most of a short answer's step (train/update.py forward_logits)."""
+    labelled = (labels != -100).any(0).nonzero()
+    first = max(1, int(labelled[0])) if len(labelled) else 1  # the earliest labelled token; token 0 has no predecessor
+    keep = {"logits_to_keep": ids.shape[1] - first + 1} if takes_logits_to_keep(model) else {}
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False, **keep).logits
+    logits = logits[:, :-1] if keep else logits[:, first - 1 : -1]
+    targets = labels[:, first:]
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
 def save_final_model(model, tokenizer, out_dir, merge: bool, dtype: torch.dtype) -> None:
@@ -139,7 +153,7 @@ def sft(cfg, info) -> None:
         mine = batch[info.rank * per_rank : (info.rank + 1) * per_rank]
         ids, attn, labels = collate([pairs[i] for i in mine], tokenizer.pad_token_id, info.device)
         with autocast:
-            loss = model(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
+            loss = answer_loss(model, ids, attn, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         dist.average_gradients_(params)

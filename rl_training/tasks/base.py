@@ -71,6 +71,7 @@ class Task:
     question_key: str = "question"  # the record fields the default `parse` reads
     answer_key: str = "answer"
     correct_threshold: float = 1.0  # reward >= this counts as correct (accuracy, pass@k, synthesize)
+    prompt_template: str = "{question}"  # the task's prompt format; data.prompt_template, when set, replaces it
     part_names: tuple[str, ...] = ()  # named per-completion parts `grade` returns (Scores.parts)
     count_names: tuple[str, ...] = ()  # named per-batch counters `grade` returns (Scores.counts)
 
@@ -96,11 +97,15 @@ class Task:
         """What makes two records the same problem (one of them is dropped, pitfall P7): the question text."""
         return example.question
 
+    def template(self, data) -> str:
+        """The prompt format in force: data.prompt_template when the config sets one, else the task's own."""
+        return data.prompt_template or self.prompt_template
+
     def render_prompt(self, example: Example, tokenizer, data) -> str:
-        """The prompt text of an example: data.prompt_template around the question, wrapped in the tokenizer's
-        chat template when data.use_chat_template (one rendering for training, SFT and evaluation)."""
+        """The prompt text of an example: the template around the question, wrapped in the tokenizer's chat
+        template when data.use_chat_template says so (one rendering for training, SFT and evaluation)."""
         return render_prompt(
-            example.question, data.prompt_template, tokenizer, data.use_chat_template, data.system_prompt
+            example.question, self.template(data), tokenizer, data.use_chat_template, data.system_prompt
         )
 
     # ----------------------------------------------------------------------------------------------- grading

@@ -59,6 +59,8 @@ def reverse_has_answer(completion: str) -> bool:
 class ReverseTask(Task):
     """{question_key: "abcd", answer_key: "dcba"} records; partial credit per position (module docstring)."""
 
+    prompt_template = "{question}="  # 'abcd=' -> 'dcba': the tiny model's format, no words
+
     def __init__(self, question_key: str = "question", answer_key: str = "answer"):
         self.question_key, self.answer_key = question_key, answer_key
 

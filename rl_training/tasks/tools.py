@@ -364,7 +364,7 @@ class ToolEnvironment(Environment):
     def render_prompt(self, example: Example, tokenizer, data) -> str:
         """data.prompt_template around the question as the user turn (after data.system_prompt's system turn),
         rendered by the chat template with the tools (data.use_chat_template is implied)."""
-        text = data.prompt_template.replace("{question}", example.question)
+        text = self.template(data).replace("{question}", example.question)
         messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
         return self.format_for(tokenizer).render([*messages, {"role": "user", "content": text}], True)
 

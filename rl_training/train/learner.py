@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_training.config.schema import ConfigError
 from rl_training.probes.probe import NullProbes, StepProbes
-from rl_training.rollout.base import StepBatch
+from rl_training.rollout.base import Rollouts, StepBatch
 from rl_training.train.packing import row_tokens_for
 from rl_training.train.step_guard import nonfinite_agreed
 from rl_training.train.update import (
@@ -40,6 +41,17 @@ class Learned:
     ran: bool  # False: a non-finite reward skipped the update before any forward (nothing was trained on)
 
 
+def without_truncated(ro: Rollouts) -> Rollouts:
+    """DAPO's overlong filtering: every token of a truncated response masked out of the loss (loss_mask 0), as an
+    observation's is. The sequence keeps its place, its reward (already in its group's advantages) and its
+    tokens for the forward; every count of trained tokens (the token-mean normalisers, the probes) drops it."""
+    masks = [
+        [0] * len(c) if t else ([1] * len(c) if ro.loss_mask is None else list(ro.loss_mask[i]))
+        for i, (c, t) in enumerate(zip(ro.completion_ids, ro.truncated, strict=True))
+    ]
+    return dataclasses.replace(ro, loss_mask=masks)
+
+
 @dataclass(kw_only=True)
 class Learner:
     model: torch.nn.Module
@@ -55,6 +67,7 @@ class Learner:
     drop_zero_adv_groups: bool
     pad_id: int
     pack_row_tokens: int | None  # train.pack_sequences: the packed row width; None = padded micro-batches
+    overlong_filter: bool = False  # loss.overlong_filter: truncated responses carry no loss term
 
     @classmethod
     def from_config(cls, cfg, derived, *, max_trainable_tokens: int, pad_id: int, **parts) -> Learner:
@@ -63,6 +76,11 @@ class Learner:
         if not isinstance(t.drop_zero_adv_groups, bool):  # 'auto' is truthy: never let it reach make_micro_batches
             raise ValueError("Learner.from_config needs a resolved config (config/resolve.py: drop_zero_adv_groups)")
         packing = row_tokens_for(cfg.model.attn_implementation, t.pack_row_tokens) if t.pack_sequences else None
+        if cfg.reward.overlong_buffer > max_trainable_tokens:  # the shaping's buffer lies inside the budget
+            raise ConfigError(
+                f"reward.overlong_buffer={cfg.reward.overlong_buffer} exceeds the response budget of "
+                f"{max_trainable_tokens} tokens (rollout.max_new_tokens, or multiturn.* for an environment)"
+            )
         return cls(
             hparams=UpdateHParams.from_config(cfg),
             seqs_per_rank=derived.seqs_per_rank,
@@ -71,6 +89,7 @@ class Learner:
             drop_zero_adv_groups=t.drop_zero_adv_groups,
             pad_id=pad_id,
             pack_row_tokens=packing,
+            overlong_filter=cfg.loss.overlong_filter,
             **parts,
         )
 
@@ -89,7 +108,7 @@ class Learner:
             skipped = TrainStats(epochs=hp.inner_epochs, kl_measured=False, skipped=bad_reward)
             return Learned(advantages, skipped, lr, ran=False)
         before_update()
-        ro = batch.rollouts
+        ro = without_truncated(batch.rollouts) if self.overlong_filter else batch.rollouts
         micro = make_micro_batches(
             ro,
             advantages,

@@ -205,7 +205,7 @@ def verifiers_task(env_id: str | None, args: dict, cfg=None) -> VerifiersTask:
         raise NotRunnable(f"reading the hooks of {type(first).__name__} raised {one_line(e)}") from None
     if env_cls is None:
         return VerifiersTask(src, taskset, first, seat, **args)
-    if cfg is not None and not cfg.data.use_chat_template:
+    if cfg is not None and cfg.data.use_chat_template is False:  # auto: the tokenizer must have one (chat_turns)
         raise NotRunnable(f"{env_cls.__name__} writes user turns, which need data.use_chat_template: true")
     env = env_cls.__new__(env_cls)  # Env.__init__ loads harnesses and tool servers: none of them runs here
     env.config, env.taskset = env_cfg, taskset

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rl_training.data.prompts import render_prompt
+from rl_training.data.prompts import chat_template_on, render_prompt
 from rl_training.data.sources import DataError, Example
 from rl_training.tasks.base import RewardTimeout, Scores, Task, _within, finite_reward
 from rl_training.tasks.verifiers_env import FAMILY, SPLITS, NotRunnable
@@ -179,8 +179,8 @@ class VerifiersTask(Task):
         chat = example.meta["chat"]
         if len(chat) == 1:
             q, system = chat[0]["content"], data.system_prompt
-            return render_prompt(q, data.prompt_template, tokenizer, data.use_chat_template, system)
-        if not data.use_chat_template:
+            return render_prompt(q, self.template(data), tokenizer, data.use_chat_template, system)
+        if not chat_template_on(data.use_chat_template, tokenizer):
             raise DataError(f"{example.source}: a prompt of {len(chat)} messages needs data.use_chat_template: true")
         return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
 

@@ -120,6 +120,29 @@ def test_render_prompt_keeps_latex_braces():
     assert render_prompt(r"Find \frac{1}{2}", "Q: {question}\nA:") == "Q: Find \\frac{1}{2}\nA:"
 
 
+def test_the_prompt_format_belongs_to_the_task_and_the_chat_template_to_the_tokenizer():
+    """Issue 48: no "=" after a task that did not ask for it; auto = the chat template where the tokenizer has one."""
+    from rl_training.config.load import load_config
+    from rl_training.policy.tiny_model import build_tokenizer
+
+    data = load_config(None).data
+    ex = Example("abc", "cba")
+    plain, chat = build_tokenizer(), build_tokenizer(chat=True)
+    assert data.prompt_template == "" and data.use_chat_template == "auto"
+    assert make_task("reverse").render_prompt(ex, plain, data) == "abc="  # the reverse demo's own format
+    assert make_task("gsm8k").render_prompt(ex, plain, data) == "abc"  # no '=' for any other task
+    # auto: the chat tokenizer's template, with the task's format as the user turn; the plain one has none
+    assert (
+        make_task("gsm8k").render_prompt(ex, chat, data) == "<|im_start|>user\nabc<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert make_task("reverse").render_prompt(ex, chat, data).startswith("<|im_start|>user\nabc=<|im_end|>")
+    off = load_config(None, ["data.use_chat_template=false", "data.prompt_template=Q: {question}"]).data
+    assert make_task("reverse").render_prompt(ex, chat, off) == "Q: abc"  # the config's template wins
+    on = load_config(None, ["data.use_chat_template=true"]).data
+    with pytest.raises(DataError, match="data.use_chat_template=true but the tokenizer of .* has no chat template"):
+        make_task("gsm8k").render_prompt(ex, plain, on)
+
+
 def test_sampler_shards_are_disjoint_and_deterministic():
     s = PromptSampler(n=103, prompts_per_step=8, world_size=2, seed=5)
     assert s.steps_per_epoch == 12  # 103 // 8, the remainder of each epoch is dropped

@@ -230,7 +230,8 @@ def test_what_only_v1s_own_loop_can_run_is_refused_at_load_in_one_line(env, args
 def test_the_refusals_that_need_the_config_or_the_package(tmp_path, monkeypatch):
     from rl_training.config.schema import Config
 
-    cfg = Config()  # data.use_chat_template is false: an Env's user turns are the chat template's
+    cfg = Config()
+    cfg.data.use_chat_template = False  # an Env's user turns are the chat template's (auto, the default, may have it)
     with pytest.raises(ConfigError, match="GuessEnv writes user turns, which need data.use_chat_template: true"):
         make_task("verifiers", GUESS, cfg)
     assert "loading the environment package 'vf-absent' raised ModuleNotFoundError" in refusal(

@@ -102,9 +102,10 @@ def test_packed_boundaries_reach_every_flash_attention_call(tiny_model, cpu_flas
     ro = uneven_rollouts(n_groups=3)
     adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
     (mb,) = make_micro_batches(ro, adv, G, 4, 0, CPU)
+    mb.head_from = 0  # the LM head on every position, prompt ones included: compared to the packed rows
     (pk,) = make_micro_batches(ro, adv, G, 4, 0, CPU, pack_row_tokens=ONE_ROW)
     with torch.no_grad():
-        padded = token_logprobs(forward_logits(policy, mb), mb.targets)  # sdpa, padded
+        padded = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))  # sdpa, padded
         policy.get_base_model().config._attn_implementation = "cpu_flash"  # set_attn_implementation would load a kernel
         packed = pk.unpack(token_logprobs(forward_logits(policy, pk), pk.row_targets))
     layers = policy.get_base_model().config.num_hidden_layers

@@ -68,11 +68,12 @@ def test_packed_logprobs_equal_padded_on_every_real_position(policy, row_tokens)
     ro = skewed_rollouts(4)
     adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
     (mb,) = make_micro_batches(ro, adv, G, 4, 0, CPU)
+    mb.head_from = 0  # the LM head on every position, prompt ones included: compared to the packed rows
     (pk,) = make_micro_batches(ro, adv, G, 4, 0, CPU, pack_row_tokens=row_tokens)
     assert pk.packed.input_ids.shape[0] == (1 if row_tokens else pk.packed.input_ids.shape[0])
     assert pk.packed.input_ids.numel() < mb.input_ids.numel()  # fewer tokens through the model
     with torch.no_grad():
-        padded = token_logprobs(forward_logits(policy, mb), mb.targets)
+        padded = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
         packed = pk.unpack(token_logprobs(forward_logits(policy, pk), pk.row_targets))
     real = mb.attention_mask[:, 1:].bool()  # every prediction position of a real token, prompt ones included
     assert real.sum() > 2 * mb.mask.sum() / 3

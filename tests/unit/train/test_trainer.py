@@ -23,6 +23,8 @@ from rl_training.train.update import (
 )
 from tests.helpers import G, fake_rollouts, grads_after, lora_policy, with_observations
 
+CPU = torch.device("cpu")
+
 
 @pytest.fixture(scope="module")
 def policy(tiny_model):
@@ -39,6 +41,60 @@ def test_gradient_invariant_to_micro_batch_split_and_padding(policy):
     assert g_1x8.abs().max() > 1e-4  # the gradient is not trivially zero
     for other in (g_2x4, g_4x2, g_pad):
         torch.testing.assert_close(other, g_1x8, rtol=1e-9, atol=1e-12)
+
+
+def test_the_lm_head_skips_only_positions_no_loss_term_reads(policy):
+    """forward_logits runs the LM head from the micro-batch's shortest prompt's last token (head_from): the
+    log-probs of every position a loss term reads equal the full head's, and the gradient too."""
+    ro = fake_rollouts(4)  # prompts of 3-8 tokens: head_from = shortest prompt - 1 in each micro-batch
+    adv = torch.tensor([0.5, -0.5, 0.3, -0.3, 0.2, -0.2, 1.0, -1.0], dtype=torch.float64)
+    mbs = make_micro_batches(ro, adv, G, 2, 0, CPU)
+    for mb in mbs:
+        rows = [g * G + i for g in mb.group_ids for i in range(G)]
+        assert mb.head_from == min(len(ro.prompt_ids[r]) for r in rows) - 1 > 0
+        with torch.no_grad():
+            logits = forward_logits(policy, mb)
+            trimmed = mb.unpack(token_logprobs(logits, mb.row_targets))
+            mb.head_from, width = 0, logits.shape[1]
+            full = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
+        assert full.shape == trimmed.shape and width == full.shape[1] - min(len(ro.prompt_ids[r]) for r in rows) + 1
+        on = mb.mask.bool()
+        torch.testing.assert_close(trimmed[on], full[on], rtol=1e-12, atol=1e-12)
+        assert (trimmed[:, : full.shape[1] - width] == 0).all()  # nothing computed before head_from
+    g_trim, _ = grads_after(policy, ro, adv, groups_per_micro=2)
+    g_pad, _ = grads_after(policy, ro, adv, groups_per_micro=4, extra_pad=5)  # another head_from, more padding
+    torch.testing.assert_close(g_trim, g_pad, rtol=1e-9, atol=1e-12)
+
+
+def test_overlong_filtering_is_a_zero_advantage_for_the_loss_and_only_the_token_count_changes(policy):
+    """loss.overlong_filter masks truncated responses out of the loss. Derived: in epoch 0 every surrogate is linear
+    in A on a row, so a row with mask 0 contributes what a row with A = 0 does (nothing). Dr-GRPO's normaliser is
+    the constant seqs x max_new_tokens either way: the same gradient. DAPO's token mean divides by the trained tokens,
+    which the filter lowers from T_all to T_kept: the filtered gradient is the zeroed one times T_all / T_kept."""
+    import dataclasses
+
+    from rl_training.train.learner import without_truncated
+
+    ro = fake_rollouts(4)
+    truncated = [i in (1, 4, 5) for i in range(len(ro))]
+    ro = dataclasses.replace(ro, truncated=truncated)
+    adv = torch.tensor([0.5, -0.5, 0.3, -0.3, 0.2, -0.2, 1.0, -1.0], dtype=torch.float64)
+    zeroed = torch.where(torch.tensor(truncated), 0.0, adv)
+    filtered = without_truncated(ro)
+    assert filtered.loss_mask[1] == [0] * len(ro.completion_ids[1]) and filtered.loss_mask[0] == [1] * len(
+        ro.completion_ids[0]
+    )
+    g_filtered, _ = grads_after(policy, filtered, adv, groups_per_micro=2)
+    g_zeroed, _ = grads_after(policy, ro, zeroed, groups_per_micro=2)
+    assert g_zeroed.abs().max() > 1e-4
+    torch.testing.assert_close(g_filtered, g_zeroed, rtol=1e-9, atol=1e-12)
+    t_all = sum(len(c) for c in ro.completion_ids)
+    t_kept = sum(len(c) for c, t in zip(ro.completion_ids, truncated, strict=True) if not t)
+    g_filtered, _ = grads_after(policy, filtered, adv, groups_per_micro=2, objective="dapo")
+    g_zeroed, _ = grads_after(policy, ro, zeroed, groups_per_micro=2, objective="dapo")
+    # to float32's round-off: token_logprobs runs in float32, and the two normalisers round differently before it
+    torch.testing.assert_close(g_filtered, g_zeroed * t_all / t_kept, rtol=1e-6, atol=1e-6 * g_zeroed.abs().max())
+    assert not torch.allclose(g_filtered, g_zeroed, rtol=1e-2)  # t_all / t_kept = 28 / 17 here: a real difference
 
 
 def test_zero_advantage_group_gives_zero_gradient_without_kl(policy):
@@ -209,7 +265,7 @@ def with_sampler_offset(policy, ro: Rollouts, offset: float) -> Rollouts:
     adv = torch.zeros(len(ro), dtype=torch.float64)
     (mb,) = make_micro_batches(ro, adv, G, len(ro) // G, 0, torch.device("cpu"))
     with torch.no_grad():
-        lp = token_logprobs(forward_logits(policy, mb), mb.targets)
+        lp = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
     rows = [lp[b][mb.mask[b].bool()].tolist() for b in range(len(ro))]
     return Rollouts(ro.prompt_ids, ro.completion_ids, [[x + offset for x in r] for r in rows], ro.truncated, ro.texts)
 
@@ -281,7 +337,8 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
     policy.eval()
     with torch.no_grad():
         expected = sum(
-            ((token_logprobs(forward_logits(policy, mb), mb.targets) + 1.0).abs() * mb.mask).sum().item() for mb in mbs
+            ((mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets)) + 1.0).abs() * mb.mask).sum().item()
+            for mb in mbs
         )
     assert stats.logp_absdiff_sum == pytest.approx(expected, rel=1e-12)
 
