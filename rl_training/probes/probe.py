@@ -42,6 +42,7 @@ from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
 from rl_training.probes.guard import ProbeGuard
+from rl_training.probes.lora_health import lora_health
 
 LEVELS = ("unit", "micro", "rank")
 ESS_KINDS = ("tok_raw", "tok_used", "seq", "adv_seq", "adv_tok", "ppo")
@@ -329,6 +330,13 @@ class StepProbes:
     def observe_ppo(self, mb, logp: torch.Tensor, old_logp: torch.Tensor) -> None:
         with self.guard("observe_ppo"):
             self.kish["ppo"] += ess_math.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
+
+    def lora_health(self, model) -> dict[str, float]:
+        """LoRA health (lora_health.py) on this rank, under the guard like every probe: a failure is counted in the
+        next step's probe/failures and reported once, and the step logs no lora/* values."""
+        with self.guard("lora_health"):
+            return lora_health(model)
+        return {}
 
     # -------------------------------------------------------------------------------------- output
     def metrics(self, work: StepWork | None = None) -> dict[str, float]:

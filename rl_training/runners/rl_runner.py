@@ -47,7 +47,7 @@ from rl_training.policy.models import assert_only_adapter_trainable, build_polic
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
-from rl_training.probes.lora_health import lora_health, lora_health_due
+from rl_training.probes.lora_health import lora_health_due
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
@@ -291,7 +291,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
             # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
             # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
             if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
-                probed |= lora_health(run.model)
+                probed |= run.probes.lora_health(run.model)
     if learned.ran:
         run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
     ready = {**probed, **run.backend.metrics(), **sampled}

