@@ -43,6 +43,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # scripts/bench.py: the Worker / --serve machinery
 
+from rl_training.base.dist import DEVICE_ENV
+
 REPO = bench.REPO
 AXES = ("prompts", "groups", "tokens")  # the swept fields of Point, in order
 
@@ -216,7 +218,8 @@ def run_layouts(base: Point, ranks: list[int], backends: list[str], a, tmp: str,
             over += ["run.progress_bar=false"]
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={r}"]
             cmd += [str(REPO / "rl_training" / "runners" / "rl_runner.py"), "--cfg", a.cfg, *over]
-            res = subprocess.run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+            env = {**os.environ, "PYTHONPATH": str(REPO), DEVICE_ENV: os.environ.get(DEVICE_ENV, "cpu")}
+            res = subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env)
             if res.returncode:
                 raise RuntimeError(f"bench_scaling: the {lab} torchrun run exited with status {res.returncode}")
             steps = read_metrics(Path(tmp) / name / "metrics.jsonl", a.warmup)
@@ -284,6 +287,10 @@ def main(argv=None) -> int:
     ranks = ints(a.ranks)
     for p in [q for ps in sweeps.values() for q in ps] + [base._replace(ranks=r) for r in ranks]:
         micro_groups(p, a.micro_groups)  # refuse a bad grid before any run starts
+    # The scaling of the CPU path (cfg/tiny_cpu.yaml, docs/benchmarks.md): every run on the CPU, the sweeps' workers
+    # and the torchrun layouts alike, also on a GPU machine (a 2-rank layout would stop at rank 1 on a 1-GPU box);
+    # RL_DEVICE set by the caller (e.g. cuda) measures there instead, every run alike.
+    os.environ.setdefault(DEVICE_ENV, "cpu")
     t0 = time.time()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

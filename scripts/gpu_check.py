@@ -97,9 +97,23 @@ def bound_row(check: str, value: float | None, limit: float, below: bool = True,
 
 
 # ------------------------------------------------------------------------------------------------ the stack
+def pins(requirements: Path = REPO / "requirements-gpu.txt") -> dict[str, str]:
+    """name -> version of every `name==version` line of a requirements file and of the files it includes (`-r`);
+    names as PyPI normalizes them (lower case, `-`)."""
+    out: dict[str, str] = {}
+    if not requirements.exists():
+        return out
+    for line in requirements.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            out = {**pins(requirements.parent / line[3:].strip()), **out}
+        elif m := re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)", line):
+            out[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+    return out
+
+
 def pinned_vllm(requirements: Path = REPO / "requirements-gpu.txt") -> str:
-    m = re.search(r"^vllm==(\S+)", requirements.read_text(), re.M) if requirements.exists() else None
-    return m[1] if m else "?"
+    return pins(requirements).get("vllm", "?")
 
 
 def vllm_line(version: str | None, pinned: str) -> str:

@@ -11,6 +11,12 @@ import pytest
 # Nothing in the tests may reach a model hub (set before the helpers import transformers, which reads it once).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Every run a test starts stays on the CPU, also on a GPU machine: in this process and in every process it launches
+# (torchrun, scripts, servers), whichever way it launches them (issue 50). The tests are written for the CPU, and a
+# 2-rank test's rank 1 would stop on a 1-GPU box (base/dist.py use_cuda). The gpu-marked tests take the GPU back
+# explicitly (tests/integration/test_gpu.py removes it for its runs and their torchrun workers); RL_DEVICE=cuda set
+# by the caller keeps the in-process runs on the GPU (the device check's pytest stage).
+os.environ.setdefault("RL_DEVICE", "cpu")
 
 from hypothesis import HealthCheck, settings
 

@@ -190,7 +190,9 @@ class Moody(Task):
 def torchrun_cmd(nproc: int, script: str | Path, *args: str, gpu: bool = False) -> list[str]:
     """torchrun's command line. Its workers stay on the CPU on a GPU machine too (RL_DEVICE=cpu, base/dist.py)
     unless `gpu` (a gpu-marked test): a CPU test's ranks would otherwise take the GPUs, and rank 1 of a 2-rank
-    test stop on a 1-GPU box. Through `env`, so the caller's own environment for the launch still applies."""
+    test stop on a 1-GPU box. Through `env`, so the caller's own environment for the launch still applies; with
+    `gpu` that environment decides, and tests/conftest.py's RL_DEVICE=cpu must be out of it (test_gpu.py's
+    fixture removes it for every test there)."""
     return [
         *([] if gpu else ["env", f"{dist.DEVICE_ENV}=cpu"]),
         sys.executable,
@@ -349,6 +351,15 @@ def subset(ro: Rollouts, groups: list[int]) -> Rollouts:
     return Rollouts(
         *[[getattr(ro, f)[r] for r in rows] for f in ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts")]
     )
+
+
+def probe_step(model_dir, n_groups: int, model_seed: int, rollout_seed: int, adv: list[float]):
+    """(the LoRA policy, fake rollouts of n_groups groups, their advantages, the step's Dr-GRPO normaliser): the
+    probes' tests' one step."""
+    model = lora_policy(model_dir, seed=model_seed)
+    ro = fake_rollouts(n_groups, seed=rollout_seed)
+    norm = StepNorm(seqs=n_groups * G, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    return model, ro, torch.tensor(adv, dtype=torch.float64), norm
 
 
 def one_micro_batch(ro, adv, groups):

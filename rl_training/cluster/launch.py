@@ -126,6 +126,18 @@ def trainer_gpus(env: dict[str, str]) -> dict[str, str]:
     return {**env, "CUDA_VISIBLE_DEVICES": gpus} if gpus else env
 
 
+def worker_threads(env: dict[str, str], nproc: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for every worker: its share of the task's CPUs, SLURM_CPUS_PER_TASK // nproc (at least 1),
+    whatever value the task inherited: job scripts and site profiles commonly export
+    OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK (288 on a GH200 node), and an exported value reaches every worker of every
+    node alike, which says nothing of what one of nproc workers may use. A value meant for the workers is named in
+    RL_WORKER_ENV (`RL_WORKER_ENV=OMP_NUM_THREADS`) and then passes as it is."""
+    named = {x.strip() for x in env.get("RL_WORKER_ENV", "").split(",")}
+    if "OMP_NUM_THREADS" in named and env.get("OMP_NUM_THREADS"):
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, int(env.get("SLURM_CPUS_PER_TASK") or 1) // nproc))}
+
+
 def nproc_per_node(env: dict[str, str]) -> int:
     if env.get("RL_NPROC_PER_NODE", "").isdigit() and int(env["RL_NPROC_PER_NODE"]) > 0:
         return int(env["RL_NPROC_PER_NODE"])
@@ -182,8 +194,7 @@ def main(argv=None) -> int:
     add_no_proxy(wenv, [*node_hosts(env.get("SLURM_JOB_NODELIST", "")), env["RL_RDZV_ENDPOINT"].rsplit(":", 1)[0]])
     if env.get("RL_HF_OFFLINE", "1") != "0":
         wenv.update(HF_OFFLINE)
-    if "OMP_NUM_THREADS" not in wenv:
-        wenv["OMP_NUM_THREADS"] = str(max(1, int(env.get("SLURM_CPUS_PER_TASK", "1") or 1) // nproc))
+    wenv.update(worker_threads(env, nproc))
     local = Path(env.get("RL_NODE_LOCAL_ROOT", "/tmp")) / f"rl-{job}-{node}"  # per node: fake nodes share /tmp
     wenv.update(node_local_env(env, local))
     stop_file = local / "stop_requested"

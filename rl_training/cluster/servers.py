@@ -2,6 +2,7 @@
 
     python -m rl_training.cluster.servers urls [-- RUNNER ARGS]  # this job's server layout, one fact per line
     python -m rl_training.cluster.servers wait --pid SRUN_PID URL ...   # block until every /health answers
+    python -m rl_training.cluster.servers cpus --gpu N   # in a server task: the CPUs of GPU N's NUMA node it may use
 
 The batch script starts the servers as a job step of their own (scripts/slurm/vllm_server.sh, one server per
 task) and the trainers as another; this module computes where the servers are and waits for them. Layouts
@@ -12,19 +13,24 @@ task) and the trainers as another; this module computes where the servers are an
 Server task p (Slurm's task id of the server step, block distribution: node i holds tasks i*per ..
 i*per + per - 1) listens on RL_SERVER_PORT + p: ports stay distinct even where fake nodes share a host.
 Each server task gets RL_SERVER_CPUS CPUs, by default the job's --cpus-per-task divided among the servers of a
-node (3 x 288 on a 288-CPU GH200 node could not be granted: issue 29, N3). The servers run with
+node (3 x 288 on a 288-CPU GH200 node could not be granted: issue 29, N3). The step runs with --cpu-bind=none and
+each server binds itself to its own GPU's NUMA node, on GH200 the Grace CPU beside it (`numa_cpus`; vllm_server.sh
+execs vLLM under `taskset`): Slurm would otherwise bind each task to CPUs of its own choosing, which need not be
+beside the task's GPU (issue 50). RL_NUMA_BIND=0 leaves them unbound, as for the trainers. The servers run with
 VLLM_SERVER_DEV_MODE=1 only when the run's server.weight_sync needs vLLM's dev routes (full: /collective_rpc,
 /reset_prefix_cache; nccl: the weight-transfer routes, issue 29 N2), read from the runner's own arguments.
-No torch import here: this runs on the batch host before anything else.
+No torch import for `urls` and `wait`: they run on the batch host before anything else.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rl_training.base.errors import UserError
 
@@ -49,6 +55,57 @@ def server_cpus(job_cpus_per_task: int, per_node: int, override: str = "") -> in
     if override:
         return int(override)
     return max(1, job_cpus_per_task // per_node)
+
+
+def numa_cpus(pci_bus_id: str, allowed: set[int], sysfs: Path = Path("/sys")) -> set[int]:
+    """The CPUs of the NUMA node the GPU at `pci_bus_id` (nvidia-smi's 00000009:01:00.0 or sysfs' 0009:01:00.0)
+    hangs off that this task may use (`allowed`, its affinity); empty when the platform does not say (one node)."""
+    from rl_training.base.dist import numa_node_cpus  # the trainers' binding reads the same sysfs files
+
+    domain, _, rest = pci_bus_id.strip().lower().partition(":")
+    return numa_node_cpus(f"{int(domain, 16):04x}:{rest}", sysfs) & allowed
+
+
+def cpu_list(cpus: set[int]) -> str:
+    """`taskset -c`'s form: 72-143 or 0-3,8."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def gpu_pci_bus_id(gpu: str) -> str:
+    """nvidia-smi's PCI bus id of GPU `gpu` (an index or UUID as in CUDA_VISIBLE_DEVICES); no CUDA context."""
+    r = subprocess.run(
+        ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", gpu],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"nvidia-smi names no PCI bus id for GPU {gpu}: {(r.stderr or r.stdout).strip()[:200]}")
+    return r.stdout.split()[0]
+
+
+def server_binding(gpu: str, sysfs: Path = Path("/sys")) -> str:
+    """What vllm_server.sh binds the server of GPU `gpu` to (a taskset list), or '' (unbound) with the reason on
+    stderr: no NUMA information, or none of the node's CPUs allowed to this task."""
+    if shutil.which("nvidia-smi") is None:
+        print(f"vllm_server.sh: no nvidia-smi: the server of GPU {gpu} is not bound to its NUMA node", file=sys.stderr)
+        return ""
+    bus = gpu_pci_bus_id(gpu)
+    allowed = os.sched_getaffinity(0)
+    cpus = numa_cpus(bus, allowed, sysfs)
+    if not cpus:
+        print(
+            f"vllm_server.sh: GPU {gpu} ({bus}): its NUMA node is unknown or shares no CPU with this task's "
+            f"{len(allowed)}; not bound",
+            file=sys.stderr,
+        )
+    return cpu_list(cpus)
 
 
 # The server.weight_sync modes that publish through vLLM's dev routes (VLLM_SERVER_DEV_MODE=1): full calls
@@ -107,8 +164,18 @@ def main(argv=None) -> int:
     w = sub.add_parser("wait")
     w.add_argument("--pid", type=int, default=None)
     w.add_argument("urls", nargs="+")
+    c = sub.add_parser("cpus")
+    c.add_argument("--gpu", required=True, help="the server's GPU, as in its CUDA_VISIBLE_DEVICES")
+    c.add_argument("--sysfs", default="/sys")
     a = ap.parse_args(argv)
     env = os.environ
+    if a.cmd == "cpus":
+        try:
+            print(server_binding(a.gpu, Path(a.sysfs)))
+        except RuntimeError as e:  # the server still starts, unbound: the reason is in its log
+            print(f"vllm_server.sh: {e}; not bound", file=sys.stderr)
+            print("")
+        return 0
     if a.cmd == "wait":
         wait_healthy(a.urls, float(env.get("RL_SERVER_DEADLINE_S", "900")), a.pid)
         return 0

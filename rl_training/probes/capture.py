@@ -76,6 +76,21 @@ def _gather_groups(t: torch.Tensor, group_tokens: torch.Tensor) -> torch.Tensor:
     return flat[:, group_tokens.reshape(-1)]
 
 
+def product_chunks(n_items: int, group_items: int, item_bytes: int, bound: int) -> list[tuple[int, int]]:
+    """[lo, hi) runs of `n_items` per-item products (item_bytes each, group_items consecutive items per group) to
+    form at once: as many whole groups as fit in `bound` bytes, or, when one group does not fit, pieces of one
+    group (never two groups' items in one piece). One item is the least a chunk holds, whatever its size."""
+    per = max(1, bound // item_bytes)
+    if per >= group_items:
+        per -= per % group_items
+        return [(lo, min(lo + per, n_items)) for lo in range(0, n_items, per)]
+    return [
+        (lo, min(lo + per, start + group_items))
+        for start in range(0, n_items, group_items)
+        for lo in range(start, start + group_items, per)
+    ]
+
+
 def lora_module_pairs(model) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
     """(lora_A, lora_B) Linear modules of every active adapter in a peft model."""
     from peft.tuners.lora import LoraLayer
@@ -94,7 +109,7 @@ class LoraUnitCapture:
     # they exceed this many bytes: one bmm per shape instead of one per layer (the per-call overhead dominated
     # on small models), with the extra memory bounded.
     FLUSH_BYTES = 64 * 2**20
-    PRODUCT_BYTES = 256 * 2**20  # the per-unit weight gradients formed at once (a flush loops over layers)
+    PRODUCT_BYTES = 256 * 2**20  # the per-unit weight gradients formed at once (product_chunks)
 
     def __init__(self, model):
         self.pairs = lora_module_pairs(model)
@@ -137,7 +152,7 @@ class LoraUnitCapture:
 
     def _flush(self) -> None:
         """Per-group (and, armed with the group size, per-sequence) squared norms of every pending weight
-        gradient, one batched bmm per shape."""
+        gradient: its layers of one shape stacked, their products batched in chunks (`_accumulate`)."""
         n, gather, k = self._groups, self._group_tokens, self._group_size
         if k:
             gather = self._seq_tokens  # products per sequence, then summed over each group's k sequences
@@ -153,20 +168,39 @@ class LoraUnitCapture:
             if gather is not None:  # packed rows: each unit's tokens gathered, a zero row for its padding
                 g, x = _gather_groups(g, gather), _gather_groups(x, gather)
             units = n * k if k else n  # rows are unit by unit: a sequence's T (or a group's G*T) positions
-            g = g.reshape(L, units, -1, g.shape[-1])
-            x = x.reshape(L, units, -1, x.shape[-1])
-            # the per-unit gradients of `layers` layers at a time: at most PRODUCT_BYTES of them (a real model's
-            # down_proj A at r=32 is 1.1 MB per sequence: 28 layers of 64 sequences would be 2 GB at once)
-            layers = max(1, self.PRODUCT_BYTES // (units * g.shape[-1] * x.shape[-1] * g.element_size()))
-            for lo in range(0, L, layers):
-                gl, xl = g[lo : lo + layers].flatten(0, 1), x[lo : lo + layers].flatten(0, 1)
-                per_unit = torch.bmm(gl.transpose(1, 2), xl)  # [layers*units, out, in]
-                m = per_unit.shape[0] // units
-                if k:
-                    self._seq_acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(m, units).sum(0)
-                    per_unit = per_unit.view(m * n, k, *per_unit.shape[1:]).sum(1)
-                self._acc += torch.linalg.vector_norm(per_unit, dim=(1, 2)).square().view(m, n).sum(0)
+            g = g.reshape(L, units, -1, g.shape[-1]).flatten(0, 1)  # [L * units, T, out]: item i is layer i // units,
+            x = x.reshape(L, units, -1, x.shape[-1]).flatten(0, 1)  # unit i % units (layer-major, then group by group)
+            self._accumulate(g, x, units, n, k)
         self._pending, self._pending_bytes = [], 0
+
+    def _accumulate(self, g: torch.Tensor, x: torch.Tensor, units: int, n: int, k: int) -> None:
+        """The squared norms of the per-item weight gradients g_i^T x_i (items: [layer, unit] flattened), formed at
+        most PRODUCT_BYTES at a time (`product_chunks`): a real model's layer can exceed the bound on its own (one
+        down_proj A at r=32 is 1.1 MB per sequence: 256 sequences are 294 MB for a 1.5B model, 620 MB for a 7B one),
+        so a chunk is a run of whole groups when one group fits, else a run of one group's sequences, whose sum is
+        carried to the group's end. k > 0: units are sequences, k per group (each sequence's norm too)."""
+        out, inp = g.shape[-1], x.shape[-1]
+        span = k or 1  # items whose products sum to one group's gradient
+        item_bytes = out * inp * g.element_size()
+        partial: torch.Tensor | None = None  # a group split over chunks: its products summed so far
+        for lo, hi in product_chunks(g.shape[0], span, item_bytes, self.PRODUCT_BYTES):
+            per_item = torch.bmm(g[lo:hi].transpose(1, 2), x[lo:hi])  # [hi - lo, out, in]
+            items = torch.arange(lo, hi, device=self._acc.device)
+            if not k:
+                self._acc.index_add_(0, items % n, torch.linalg.vector_norm(per_item, dim=(1, 2)).square().double())
+                continue
+            self._seq_acc.index_add_(0, items % units, torch.linalg.vector_norm(per_item, dim=(1, 2)).square().double())
+            if hi - lo >= k:  # whole groups
+                groups = per_item.view(-1, k, out, inp).sum(1)
+                first = lo // k
+                ids = torch.arange(first, first + groups.shape[0], device=self._acc.device) % n
+                self._acc.index_add_(0, ids, torch.linalg.vector_norm(groups, dim=(1, 2)).square().double())
+                continue
+            part = per_item.sum(0)
+            partial = part if lo % k == 0 else partial + part
+            if hi % k == 0:  # the group's last sequence
+                self._acc[(hi // k - 1) % n] += torch.linalg.vector_norm(partial).square().double()
+                partial = None
 
     def arm(
         self,

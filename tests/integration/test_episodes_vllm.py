@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from rl_training.base import dist
 from rl_training.config.load import load_config
 from rl_training.rollout.base import SamplingSpec
 from rl_training.runners import rl_runner
-from tests.helpers import REPO
+from tests.helpers import REPO, RL_RUNNER, torchrun_cmd
 
 pytestmark = pytest.mark.slow
 CFG = str(REPO / "cfg" / "search_cpu.yaml")
@@ -128,8 +127,7 @@ def test_per_turn_canary_after_a_sync(search_run):
 
 
 def test_two_rank_search_run(overrides, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
-    cmd += [str(REPO / "rl_training" / "runners" / "rl_runner.py"), "--cfg", CFG, *overrides]
+    cmd = torchrun_cmd(2, RL_RUNNER, "--cfg", CFG, *overrides)  # its ranks on the CPU, also on a 1-GPU box
     cmd += ["rollout.backend=vllm", "train.total_steps=2", "ckpt.every=0", "train.micro_batch_groups=1"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)

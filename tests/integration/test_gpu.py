@@ -23,6 +23,13 @@ BF16_GRAPHS = ["model.dtype=bfloat16", "vllm.enforce_eager=false", "optim.lr=1e-
 BF16_CANARY_MAX = 2e-2
 
 
+@pytest.fixture(autouse=True)
+def _on_the_gpu(monkeypatch):
+    """tests/conftest.py keeps every test's runs on the CPU (RL_DEVICE=cpu): these take the GPU, in this process
+    (init_distributed) and in the torchrun workers they launch (torchrun_cmd(gpu=True) passes the environment on)."""
+    monkeypatch.delenv(dist.DEVICE_ENV, raising=False)
+
+
 def test_sleep_frees_and_wake_restores_gpu_memory(run_overrides):
     import torch
 

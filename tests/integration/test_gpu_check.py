@@ -161,3 +161,21 @@ def test_without_vllm_the_rl_rows_run_on_hf_and_nothing_fails(tmp_path):
         assert " SKIP " in result[check] and "vLLM not installed" in result[check], result[check]
     assert table[-1].startswith("verdict: PASS") and " FAIL" not in "\n".join(table[2:-2])
     assert "  backend: hf\n" in (tmp_path / "w" / "check" / "config.yaml").read_text()  # the run's rollout backend
+
+
+def test_every_run_a_test_starts_stays_on_the_cpu_unless_it_is_a_gpu_test(tmp_path):
+    """Issue 50, item 6: tests/conftest.py sets RL_DEVICE=cpu for the whole session, so every launch from a test
+    (torchrun, a script, a plain subprocess) keeps its runs on the CPU, also on a GPU machine; the gpu-marked tests of
+    test_gpu.py take the GPU back explicitly, for themselves and for the torchrun workers they start."""
+    import ast
+
+    from rl_training.base import dist
+
+    assert os.environ[dist.DEVICE_ENV] == "cpu"
+    code = f"import os; print(os.environ.get({dist.DEVICE_ENV!r}))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "cpu"  # a launch that names nothing inherits it
+    tree = ast.parse((REPO / "tests" / "integration" / "test_gpu.py").read_text())
+    (fixture,) = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "_on_the_gpu"]
+    assert "pytest.fixture(autouse=True)" in ast.unparse(fixture.decorator_list[0])
+    assert "monkeypatch.delenv(dist.DEVICE_ENV, raising=False)" in ast.unparse(fixture)

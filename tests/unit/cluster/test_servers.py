@@ -1,5 +1,6 @@
 """The batch script's server facts (rl_training/cluster/servers.py): CPUs per server task and vLLM's dev mode for
-the weight syncs that need it (issue 29, N2 and N3), and vllm_server.sh passing the dev mode on to the server."""
+the weight syncs that need it (issue 29, N2 and N3), vllm_server.sh passing the dev mode on to the server, and each
+server bound to its own GPU's NUMA node (issue 50)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import subprocess
 
 import pytest
 
-from rl_training.cluster.servers import main, needs_dev_mode, server_cpus
-from tests.helpers import REPO, TESTCFG
+from rl_training.cluster.servers import cpu_list, main, needs_dev_mode, numa_cpus, server_cpus
+from tests.helpers import REPO, TESTCFG, fake_nvidia_smi
 
 
 def test_server_cpus_divide_the_task_cpus_among_a_nodes_servers():
@@ -73,3 +74,73 @@ def test_the_batch_script_uses_both_facts():
     server_step = script.split('srun --nodes="$n_server_nodes"')[1].split("vllm_server.sh")[0]
     assert '--cpus-per-task="$server_cpus"' in server_step and "SLURM_CPUS_PER_TASK" not in server_step
     assert '[[ "$dev_mode" != 1 ]] || export VLLM_SERVER_DEV_MODE=1' in script
+
+
+def fake_sysfs(root, pci: str, node: int, cpulist: str):
+    """/sys/bus/pci/devices/<pci>/numa_node and /sys/devices/system/node/node<node>/cpulist."""
+    dev = root / "bus" / "pci" / "devices" / pci
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text(f"{node}\n")
+    cpus = root / "devices" / "system" / "node" / f"node{node}"
+    cpus.mkdir(parents=True)
+    (cpus / "cpulist").write_text(cpulist + "\n")
+    return root
+
+
+def test_a_server_binds_to_its_gpus_numa_node(tmp_path):
+    """Issue 50, item 6: on a GH200 node GPU k hangs off Grace k (NUMA node k, CPUs 72k..72k+71); the server of GPU
+    2 runs on CPUs 144-215, within what its task may use. nvidia-smi writes an 8-digit PCI domain, sysfs 4."""
+    sysfs = fake_sysfs(tmp_path, "0019:01:00.0", 2, "144-215")
+    node = set(range(288))
+    assert numa_cpus("00000019:01:00.0", node, sysfs) == set(range(144, 216))
+    assert numa_cpus("0019:01:00.0", set(range(150, 300)), sysfs) == set(range(150, 216))  # the task's part only
+    assert numa_cpus("00000019:01:00.0", set(range(72)), sysfs) == set()  # none of them allowed: unbound
+    assert numa_cpus("00000009:01:00.0", node, sysfs) == set()  # no NUMA information for this device
+    assert cpu_list(set(range(144, 216))) == "144-215"
+    assert cpu_list({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+
+
+def test_cpus_prints_the_taskset_list_of_the_servers_gpu(tmp_path, capsys, monkeypatch):
+    mine = sorted(os.sched_getaffinity(0))
+    sysfs = fake_sysfs(tmp_path / "sys", "0009:01:00.0", 1, f"{mine[0]}-{mine[0] + 200}")
+    fake_nvidia_smi(tmp_path / "bin", ["00000009:01:00.0"])  # --query-gpu=pci.bus_id -i 1
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert main(["cpus", "--gpu", "1", "--sysfs", str(sysfs)]) == 0
+    expected = cpu_list({c for c in mine if c <= mine[0] + 200})
+    assert capsys.readouterr().out == expected + "\n"
+    fake_nvidia_smi(tmp_path / "bin", ["No devices were found"], status=6)  # an unknown GPU: unbound, one line
+    assert main(["cpus", "--gpu", "7", "--sysfs", str(sysfs)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "\n" and "nvidia-smi names no PCI bus id for GPU 7" in out.err and "not bound" in out.err
+
+
+def test_vllm_server_sh_runs_the_server_on_its_gpus_cpus(tmp_path):
+    """vllm_server.sh asks `servers cpus` for its GPU's CPUs and execs the server under taskset: a fake python answers
+    the question with this process's first CPU, then records the CPUs the server ran on."""
+    cpu = min(os.sched_getaffinity(0))
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f'if [[ "$2" == rl_training.cluster.servers ]]; then echo "$*" > {tmp_path}/asked.txt; echo {cpu}; exit 0; fi\n'
+        f"grep Cpus_allowed_list /proc/self/status > {tmp_path}/cpus.txt\n"
+        f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/gpu.txt\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "RL_PYTHON": str(fake), "RL_SERVER_PORT": "31000", "SLURM_PROCID": "4"}
+    env |= {"SLURM_LOCALID": "1", "SLURMD_NODENAME": "n2", "RL_SERVER_ARGS": "--model m", "RL_SERVER_GPUS": "1,2,3"}
+    r = subprocess.run(["bash", str(REPO / "scripts" / "slurm" / "vllm_server.sh")], env=env, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "asked.txt").read_text() == "-m rl_training.cluster.servers cpus --gpu 2\n"  # local task 1
+    assert (tmp_path / "gpu.txt").read_text() == "2\n"
+    assert (tmp_path / "cpus.txt").read_text().split() == ["Cpus_allowed_list:", str(cpu)]
+    assert f"gpus 2 cpus {cpu}" in r.stdout.decode()
+    (tmp_path / "asked.txt").unlink()
+    script = ["bash", str(REPO / "scripts" / "slurm" / "vllm_server.sh")]
+    r = subprocess.run(script, env={**env, "RL_NUMA_BIND": "0"}, capture_output=True)
+    assert r.returncode == 0 and not (tmp_path / "asked.txt").exists() and "cpus unbound" in r.stdout.decode()
+
+
+def test_the_server_step_leaves_the_binding_to_each_server():
+    script = (REPO / "scripts" / "slurm" / "rl_train.sbatch").read_text()
+    server_step = script.split('srun --nodes="$n_server_nodes"')[1].split("vllm_server.sh")[0]
+    assert "--cpu-bind=none" in server_step

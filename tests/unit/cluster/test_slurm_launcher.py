@@ -1,5 +1,5 @@
 """The SLURM launcher (rl_training/cluster/launch.py) at unit level: worker environment, node-local dirs, proxy
-bypass, log redaction, torchrun arguments, the node's exit status."""
+bypass, log redaction, torchrun arguments, the node's exit status, the workers' OpenMP threads."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rl_training.cluster.launch import (
     nproc_per_node,
     torchrun_args,
     worker_env,
+    worker_threads,
 )
 
 
@@ -173,3 +174,26 @@ def test_trainer_gpus_are_set_inside_the_task(tmp_path, monkeypatch):
     assert launch_in(tmp_path, ["--cfg", "c.yaml"], **srun, RL_TRAINER_GPUS="0") == 0
     assert "--nproc-per-node=1" in seen["argv"] and seen["cvd"] == "0"
     assert nproc_per_node({"RL_TRAINER_GPUS": "2,3", "SLURM_GPUS_ON_NODE": "4"}) == 2
+
+
+def test_each_worker_gets_its_share_of_the_cpus_whatever_omp_num_threads_it_inherited(tmp_path, monkeypatch):
+    """Issue 50, item 6: an OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK exported by the job (288 on a GH200 node) passed
+    the allow-list to every worker, so 4 workers ran 288 OpenMP threads each. Each gets SLURM_CPUS_PER_TASK // nproc
+    now (288 // 4 = 72), unless the user names OMP_NUM_THREADS in RL_WORKER_ENV: then the value is theirs."""
+    seen = {}
+
+    def fake_torchrun(argv):
+        seen["omp"] = os.environ.get("OMP_NUM_THREADS")
+        return 0
+
+    monkeypatch.setattr(slurm_launch, "run_torchrun", fake_torchrun)
+    task = {"SLURM_CPUS_PER_TASK": "288", "SLURM_GPUS_ON_NODE": "4", "OMP_NUM_THREADS": "288"}
+    assert launch_in(tmp_path, ["--cfg", "c.yaml"], **task) == 0
+    assert seen["omp"] == "72"
+    assert launch_in(tmp_path, ["--cfg", "c.yaml"], **task, RL_WORKER_ENV="SITE_*, OMP_NUM_THREADS") == 0
+    assert seen["omp"] == "288"  # named: passed as the user set it
+    assert worker_threads({"SLURM_CPUS_PER_TASK": "3"}, 4) == {"OMP_NUM_THREADS": "1"}  # at least one
+    assert worker_threads({}, 2) == {"OMP_NUM_THREADS": "1"}  # no --cpus-per-task: one CPU per task
+    assert worker_threads({"SLURM_CPUS_PER_TASK": "72", "RL_WORKER_ENV": "OMP_NUM_THREADS"}, 1) == {
+        "OMP_NUM_THREADS": "72"
+    }  # named but unset: nothing of the user's to keep

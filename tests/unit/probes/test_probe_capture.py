@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl_training.algs.objectives import StepNorm
 from rl_training.policy.models import trainable_parameters
 from rl_training.probes import ess as ess_math
 from rl_training.probes import probe as probe_module
@@ -18,18 +17,14 @@ from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 from rl_training.probes.probe import StepProbes
 from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
-from tests.helpers import G, backward, fake_rollouts, flat_grad, lora_policy, one_micro_batch
+from tests.helpers import G, backward, flat_grad, one_micro_batch, probe_step
 
 N_GROUPS = 4
 
 
 @pytest.fixture(scope="module")
 def setup(tiny_model):
-    model = lora_policy(tiny_model, seed=1)
-    ro = fake_rollouts(N_GROUPS, seed=7)
-    adv = torch.tensor([0.7, -0.7, 0.2, -0.2, 1.0, -1.0, -0.4, 0.4], dtype=torch.float64)
-    norm = StepNorm(seqs=N_GROUPS * G, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
-    return model, ro, adv, norm
+    return probe_step(tiny_model, N_GROUPS, 1, 7, [0.7, -0.7, 0.2, -0.2, 1.0, -1.0, -0.4, 0.4])
 
 
 def test_t1_hooks_match_brute_force_per_group_gradients(setup):
