@@ -3,6 +3,8 @@
     make bench-trl                                    # sets up .venv-trl (TRL, optional) and runs this
     .venv-trl/bin/python scripts/bench_trl.py [--steps 20 --block 5 --warmup 3] [--points short,long]
         [--contenders trl,ours-vllm,ours-hf,ours-hf-noprobe,floor] [--out bench_results/bench_trl.json]
+    .venv-trl/bin/python scripts/bench_trl.py --points real --steps 6 --block 2 --warmup 1 \
+        --contenders trl,trl-vllm,ours-vllm,ours-vllm-noskip,ours-hf,floor          # needs `make real-model`
         (also ours-hf-pack / ours-vllm-pack: with train.pack_sequences=true; ours-hf-noskip / ours-vllm-noskip:
         with train.drop_zero_adv_groups=false, every group forwarded and back-propagated as TRL does)
 
@@ -13,6 +15,11 @@ project's tiny 4-layer hidden-128 Qwen2 (byte tokenizer) after an SFT warm start
 - short: two-digit addition ('37+48=' -> '85', completions of ~3 tokens), at most 16 new tokens;
 - long: reversing 24-40 letter strings (completions of ~30 tokens), at most 48 new tokens.
 The reward is the same function for every contender (rewards.reverse_reward: matching positions).
+- real (issue 48): the real model, SmolLM2-135M-Instruct (Q4_1 dequantized; `make real-model`), from its base
+  weights, on chat prompts (its own template) of the real-model demo's reasoning-gym task (cfg/smollm2_rl.yaml), 4
+  prompts x 8 completions of at most 64 new tokens; the reward is that task's grader (reasoning-gym's score_answer
+  on the <answer> tag) for every contender. Generation dominates here. trl-vllm is TRL with use_vllm=True in its
+  colocate mode (the same vLLM build as ours, in the same process), where it runs.
 
 Each contender is its own long-lived process (so its peak RSS is its own and no engine shares a process), built
 once; the script tells them in turn to run `--block` steps, so the machine's noise hits all of them alike, and
@@ -40,8 +47,12 @@ sys.path.insert(0, str(REPO))
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SKIPPED = "skipped_token_frac"  # our rows' train/skipped_token_frac, carried beside the phases
-POINTS = {"short": {"task": "add", "max_new": 16}, "long": {"task": "reverse_long", "max_new": 48}}
-PROMPTS, GROUP = 16, 8
+POINTS = {
+    "short": {"task": "add", "max_new": 16, "prompts": 16, "group": 8},
+    "long": {"task": "reverse_long", "max_new": 48, "prompts": 16, "group": 8},
+    "real": {"task": "real", "max_new": 64, "prompts": 4, "group": 8},
+}
+REAL_CFG = REPO / "cfg" / "smollm2_rl.yaml"  # the real-model demo's task: its data, prompts and grader
 
 
 # ----------------------------------------------------------------------------------------- preparation
@@ -61,6 +72,8 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
     from rl_training.policy.tiny_model import make_tiny_model
     from rl_training.runners import sft_runner
 
+    if task == "real":
+        return prepare_real(work)
     d = work / task
     model, data = d / "sft" / "warm" / "final_model", d / "train.jsonl"
     if (model / "config.json").exists() and data.exists():
@@ -84,23 +97,55 @@ def prepare(work: Path, task: str) -> tuple[Path, Path]:
     return model, data
 
 
+def real_task():
+    from rl_training.config.load import load_config
+    from rl_training.tasks.build import build_task
+
+    cfg = load_config(REAL_CFG, [])
+    return cfg, build_task(cfg)
+
+
+def prepare_real(work: Path) -> tuple[Path, Path]:
+    """(the real model's directory, its train split as jsonl: the question, the answer and reasoning-gym's entry,
+    which its grader reads) for every contender."""
+    from rl_training.config.load import load_config
+
+    model = REPO / load_config(REPO / "cfg" / "smollm2_sft.yaml", []).model.name_or_path
+    if not (model / "PROVENANCE.md").is_file():
+        raise SystemExit(f"bench_trl: the real point needs {model}: run `make real-model`")
+    data = work / "real" / "train.jsonl"
+    if not data.exists():
+        data.parent.mkdir(parents=True, exist_ok=True)
+        _, task = real_task()
+        rows = [
+            {"question": e.question, "answer": e.reference, "entry": e.meta["entry"]} for e in task.examples("train")
+        ]
+        data.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    return model, data
+
+
 # --------------------------------------------------------------------------------------------- workers
 # Each contender's `step()` runs one RL step and returns (seconds, generated tokens, {phase: seconds}).
-def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out: Path, extra: list[str] = ()):
+def ours(model: Path, data: Path, spec: dict, backend: str, probes: bool, out: Path, extra: list[str] = ()):
     from rl_training.base import dist
     from rl_training.config.load import load_config
     from rl_training.runners.rl_runner import rl_step, setup
 
+    prompts, group = spec["prompts"], spec["group"]
+    if spec["task"] == "real":  # the demo's reasoning-gym task: its splits, chat prompts and grader
+        cfg, _ = real_task()
+        task = [f"task.name={cfg.task.name}", f"task.args={json.dumps(cfg.task.args)}", "data.train=task:train"]
+        task += ["data.eval=task:heldout", "data.max_prompt_tokens=128", "vllm.kv_cache_gb=0.5"]
+    else:
+        task = [f"data.train={data}", f"data.eval={data}", "task.name=reverse", "data.max_prompt_tokens=64"]
+        task += ["vllm.kv_cache_gb=0.25"]
     over = [
         f"model.name_or_path={model}",
-        f"data.train={data}",
-        f"data.eval={data}",
-        "task.name=reverse",
-        "data.max_prompt_tokens=64",
+        *task,
         f"rollout.backend={backend}",
-        f"rollout.prompts_per_step={PROMPTS}",
-        f"rollout.group_size={GROUP}",
-        f"rollout.max_new_tokens={max_new}",
+        f"rollout.prompts_per_step={prompts}",
+        f"rollout.group_size={group}",
+        f"rollout.max_new_tokens={spec['max_new']}",
         "rollout.temperature=1.0",
         "rollout.top_p=1.0",
         "lora.r=8",
@@ -111,10 +156,9 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         "optim.schedule=constant",
         "optim.warmup_steps=0",
         "optim.max_grad_norm=1.0",
-        f"train.micro_batch_groups={PROMPTS}",
+        f"train.micro_batch_groups={prompts}",
         "train.total_steps=100000",
         f"probe.enabled={str(probes).lower()}",
-        "vllm.kv_cache_gb=0.25",
         "eval.every=0",
         f"run.output_dir={out}",
         f"run.name=ours_{backend}_{int(probes)}",
@@ -133,13 +177,13 @@ def ours(model: Path, data: Path, max_new: int, backend: str, probes: bool, out:
         skip = ("perf/step_s", "perf/tokens_per_s", "perf/gen_tokens_per_s")  # not phases
         phases = {k[5:-2]: v for k, v in m.items() if k.startswith("perf/") and k.endswith("_s") and k not in skip}
         phases[SKIPPED] = m["train/skipped_token_frac"]  # the share of tokens train.drop_zero_adv_groups skipped
-        return dt, m["rollout/response_len_mean"] * PROMPTS * GROUP, phases
+        return dt, m["rollout/response_len_mean"] * prompts * group, phases
 
     step.run = run  # for scripts that time the backend directly (bench_sync.py)
     return step
 
 
-def floor(model_dir: Path, data: Path, max_new: int):
+def floor(model_dir: Path, data: Path, spec: dict):
     """Generation + one forward/backward/AdamW step over the same batch in plain transformers + peft."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -152,6 +196,12 @@ def floor(model_dir: Path, data: Path, max_new: int):
     )
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     rows = [json.loads(x) for x in data.read_text().splitlines()]
+    prompts, group, max_new = spec["prompts"], spec["group"], spec["max_new"]
+    if spec["task"] == "real":  # the model's chat template, as ours and TRL render it
+        chat = [{"role": "user", "content": r["question"]} for r in rows]
+        texts = [tok.apply_chat_template([c], tokenize=False, add_generation_prompt=True) for c in chat]
+    else:
+        texts = [r["question"] + "=" for r in rows]
     gen = GenerationConfig(
         do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new, pad_token_id=tok.pad_token_id
     )
@@ -160,17 +210,17 @@ def floor(model_dir: Path, data: Path, max_new: int):
 
     def step():
         t0 = time.perf_counter()
-        batch = rows[state["i"] : state["i"] + PROMPTS]
-        state["i"] = (state["i"] + PROMPTS) % (len(rows) - PROMPTS)
-        enc = tok([r["question"] + "=" for r in batch], return_tensors="pt", padding=True, padding_side="left")
+        batch = texts[state["i"] : state["i"] + prompts]
+        state["i"] = (state["i"] + prompts) % (len(rows) - prompts)
+        enc = tok(batch, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         model.eval()
         with torch.no_grad():
-            out = model.generate(**enc, generation_config=gen, num_return_sequences=GROUP)
+            out = model.generate(**enc, generation_config=gen, num_return_sequences=group)
         plen = enc.input_ids.shape[1]
         comp = out[:, plen:]
         done = (comp == tok.eos_token_id).cumsum(1)
         keep = (done == 0) | ((done == 1) & (comp == tok.eos_token_id))  # up to and including the first EOS
-        mask = torch.cat([enc.attention_mask.repeat_interleave(GROUP, 0), keep.long()], 1)
+        mask = torch.cat([enc.attention_mask.repeat_interleave(group, 0), keep.long()], 1)
         model.train()
         logits = model(input_ids=out, attention_mask=mask).logits[:, plen - 1 : -1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
@@ -185,8 +235,9 @@ def floor(model_dir: Path, data: Path, max_new: int):
     return step
 
 
-def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, reply):
-    """TRL's own loop, paused by a callback every `block` steps to take the next command."""
+def trl_worker(model_dir: Path, data: Path, spec: dict, out: Path, commands, reply, use_vllm: bool = False):
+    """TRL's own loop, paused by a callback every `block` steps to take the next command. `use_vllm`: TRL's vLLM
+    colocate mode (the real point)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -197,12 +248,30 @@ def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, r
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(x) for x in data.read_text().splitlines()]
-    ds = Dataset.from_list([{"prompt": r["question"] + "=", "reference": r["answer"]} for r in rows])
+    prompts, group, max_new = spec["prompts"], spec["group"], spec["max_new"]
     tokens = {"n": 0.0}
+    if spec["task"] == "real":  # conversational prompts: TRL renders them with the model's chat template
+        from rl_training.data.sources import Example
 
-    def reward(prompts, completions, reference, completion_ids=None, **kw):
-        tokens["n"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0.0
-        return [reverse_reward(c, r) for c, r in zip(completions, reference, strict=True)]
+        _, task = real_task()
+        ds = Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": r["question"]}], "entry": json.dumps(r["entry"])} for r in rows]
+        )
+
+        def grade(completion, entry: str) -> float:
+            text = completion[-1]["content"] if isinstance(completion, list) else completion
+            e = json.loads(entry)
+            return task.reward(text, Example("", str(e["answer"]), str(e["answer"]), "", {"entry": e}))
+
+        def reward(prompts, completions, entry, completion_ids=None, **kw):
+            tokens["n"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0.0
+            return [grade(c, e) for c, e in zip(completions, entry, strict=True)]
+    else:
+        ds = Dataset.from_list([{"prompt": r["question"] + "=", "reference": r["answer"]} for r in rows])
+
+        def reward(prompts, completions, reference, completion_ids=None, **kw):
+            tokens["n"] += sum(len(c) for c in completion_ids) if completion_ids is not None else 0.0
+            return [reverse_reward(c, r) for c, r in zip(completions, reference, strict=True)]
 
     class Pause(TrainerCallback):
         def __init__(self):
@@ -232,8 +301,8 @@ def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, r
 
     args = GRPOConfig(
         output_dir=str(out),
-        per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP,
+        per_device_train_batch_size=prompts * group,
+        num_generations=group,
         max_completion_length=max_new,
         temperature=1.0,
         top_p=1.0,
@@ -257,6 +326,16 @@ def trl_worker(model_dir: Path, data: Path, max_new: int, out: Path, commands, r
         seed=0,
         remove_unused_columns=False,
         disable_dropout=True,
+        **(
+            {
+                "use_vllm": True,
+                "vllm_mode": "colocate",
+                "vllm_gpu_memory_utilization": 0.1,
+                "vllm_enable_sleep_mode": False,
+            }
+            if use_vllm
+            else {}
+        ),
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
@@ -292,16 +371,16 @@ def worker_main(name: str, point: str, work: Path) -> None:
         line = sys.stdin.readline().strip()
         return int(line.split()[1]) if line.startswith("run ") else None
 
-    if name == "trl":
-        trl_worker(model, data, spec["max_new"], out, commands, reply)
+    if name in ("trl", "trl-vllm"):
+        trl_worker(model, data, spec, out, commands, reply, use_vllm=name == "trl-vllm")
         return
     if name == "floor":
-        step = floor(model, data, spec["max_new"])
+        step = floor(model, data, spec)
     else:
         backend = "vllm" if name.startswith("ours-vllm") else "hf"
         extra = ["train.pack_sequences=true"] if name.endswith("-pack") else []  # padding-free micro-batches
         extra += ["train.drop_zero_adv_groups=false"] if name.endswith("-noskip") else []  # TRL's work: every group
-        step = ours(model, data, spec["max_new"], backend, probes=name != "ours-hf-noprobe", out=out, extra=extra)
+        step = ours(model, data, spec, backend, probes=name != "ours-hf-noprobe", out=out, extra=extra)
     reply({"ready": True})
     while (k := commands()) is not None:
         rows = [step() for _ in range(k)]
@@ -311,7 +390,7 @@ def worker_main(name: str, point: str, work: Path) -> None:
 # ---------------------------------------------------------------------------------------- orchestrator
 def python_for(name: str) -> str:
     trl_python = REPO / ".venv-trl" / "bin" / "python"
-    return str(trl_python) if name == "trl" else sys.executable
+    return str(trl_python) if name.startswith("trl") else sys.executable
 
 
 class Proc:
@@ -353,7 +432,7 @@ def bench_point(point: str, names: list[str], a, work: Path) -> dict:
     res = {n: {"steps": [], "tokens": 0.0, "phases": []} for n in names}
     try:
         for n, p in procs.items():  # build; TRL's first command also starts its loop
-            if n != "trl":
+            if not n.startswith("trl"):
                 p.p.stdout.readline()  # {"ready": true}
         for p in procs.values():
             p.ask(a.warmup)  # warm-up steps, discarded
@@ -372,7 +451,7 @@ def bench_point(point: str, names: list[str], a, work: Path) -> dict:
         med = statistics.median(r["steps"])
         row = {
             "s_per_step": med,
-            "completions_per_s": PROMPTS * GROUP / med,
+            "completions_per_s": POINTS[point]["prompts"] * POINTS[point]["group"] / med,
             "tokens_per_s": r["tokens"] / sum(r["steps"]),
             "peak_rss_gb": r["rss_gb"],
             "steps": len(r["steps"]),
@@ -413,7 +492,8 @@ def _spread(values: list[float], fmt: str) -> str:
 def table(results: dict, n_runs: int) -> str:
     lines = []
     for point, rows in results.items():
-        lines.append(f"\n{point}: {PROMPTS} prompts x {GROUP}, max {POINTS[point]['max_new']} new tokens")
+        spec = POINTS[point]
+        lines.append(f"\n{point}: {spec['prompts']} prompts x {spec['group']}, max {spec['max_new']} new tokens")
         lines.append(
             f"{'contender':<17}{'s/step':>22}{'compl/s':>9}{'tok/s':>9}{'RSS GB':>8}{'vs TRL':>20}{'vs floor':>20}"
             f"{'skipped':>9}  phases (s)"

@@ -189,7 +189,8 @@ class StepSamples:
                 rank=rank,
                 row=row,
                 group_size=self.group,
-                prompt=self.tokenizer.decode(rollouts.prompt_ids[row], skip_special_tokens=True),
+                # as the model saw it: a chat template's turns and headers included
+                prompt=self.tokenizer.decode(rollouts.prompt_ids[row], skip_special_tokens=False),
                 completion=rollouts.texts[row],
                 reward=float(scores.rewards[row]),
                 parts={k: float(v[row]) for k, v in scores.parts.items()},

@@ -261,6 +261,23 @@ def curve_table(runs: Sequence[RunView], last: int) -> list[str]:
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def distinct_parts(texts: list[str]) -> list[str]:
+    """Each text without the prefix and suffix all of them share: a chat template's system turn and its closing
+    assistant header (and a task's fixed instruction) are the same in every prompt, and the question between them is
+    what tells samples apart. One text, or texts that share nothing, are returned as they are."""
+    if len(texts) < 2:
+        return texts
+    lo = _shared(texts)
+    hi = _shared([t[lo:][::-1] for t in texts])
+    return [t[lo : len(t) - hi] or t for t in texts]
+
+
+def _shared(texts: list[str]) -> int:
+    """Characters at the start of every text that are the same in all of them."""
+    n = min(len(t) for t in texts)
+    return next((i for i in range(n) if len({t[i] for t in texts}) > 1), n)
+
+
 def low_reward_samples(run: RunView, k: int, width: int = 160) -> list[str]:
     """The k lowest-reward samples among the latest logged step's (ties: the earlier sample first)."""
     if not run.samples or k <= 0:
@@ -269,9 +286,9 @@ def low_reward_samples(run: RunView, k: int, width: int = 160) -> list[str]:
     latest = [s for s in run.samples if s.get("step", 0) == step]
     latest.sort(key=lambda s: float(s.get("reward", 0.0)))
     out = [f"-- {run.name}: {min(k, len(latest))} lowest-reward samples of step {step}"]
-    for s in latest[:k]:
+    prompts = distinct_parts([" ".join(str(s.get("prompt", "")).split()) for s in latest])
+    for s, prompt in list(zip(latest, prompts, strict=True))[:k]:
         text = " ".join(str(s.get("completion", "")).split())
-        prompt = " ".join(str(s.get("prompt", "")).split())
         out.append(
             f"   reward {_fmt(float(s.get('reward', 0.0)))} adv {_fmt(s.get('advantage'))} "
             f"len {s.get('length', '-')} {s.get('finish_reason', '')}: "
