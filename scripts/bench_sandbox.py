@@ -28,7 +28,9 @@ import statistics
 import sys
 import time
 
-from rl_training.sandbox.pool import Pool, PoolSettings, Worker
+from rl_training.sandbox.confinement import PoolSettings
+from rl_training.sandbox.handle import Worker
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.code.harness import Program, judge, judge_batch
 from rl_training.tasks.code.task import code_example, program_of
 

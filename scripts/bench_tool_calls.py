@@ -1,4 +1,4 @@
-"""What running tools in a process of their own costs (rl_training/tasks/tool_process.py): the overhead per call,
+"""What running tools in a process of their own costs (rl_training/sandbox/tool_process.py): the overhead per call,
 the start of a process, and the time from a timeout to the next answered call.
 
     taskset -c 1 python scripts/bench_tool_calls.py                 # 2000 calls x 5 runs, one core
@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from rl_training.tasks.tool_process import ToolProcess
+from rl_training.sandbox.tool_process import ToolProcess
 from rl_training.tasks.tools import result_text
 
 REPO = Path(__file__).resolve().parents[1]

@@ -66,7 +66,8 @@ def _no_engine_env_leaks():
 def pool():
     """A 2-worker sandbox pool (bubblewrap: skipped without it, failed under RL_REQUIRE_CLUSTER_TESTS=1)."""
     require_debian_packages({"bwrap": "bubblewrap"})
-    from rl_training.sandbox.pool import Pool, PoolSettings
+    from rl_training.sandbox.confinement import PoolSettings
+    from rl_training.sandbox.pool import Pool
 
     p = Pool(PoolSettings(workers=2))
     yield p

@@ -1,5 +1,5 @@
 """Tool functions the tool tests declare (tests/unit/tasks/test_tools.py, test_tool_boundary.py). A ToolEnvironment
-runs its tools in a process of their own, which imports each by reference (tasks/tool_process.py): they live in
+runs its tools in a process of their own, which imports each by reference (sandbox/tool_process.py): they live in
 this light module, so that process does not import a whole test module (tokenizers, torch) to find them."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Small verifiers v1 environments the verifiers tests train and grade (tests/unit/tasks/test_verifiers_env.py,
-tests/integration/test_verifiers_run.py), written here: no hub, no network. Not a test module (tests/helpers.py's
-rule: no test module imports another). Named in a config as a file, `tests/vf_envs.py:NAME`, or, through a package
-that exports them (`package_dir`), by id, as an installed environment package is.
+"""Small verifiers v1 environments the verifiers tests train and grade
+(tests/unit/tasks/verifiers_env/test_verifiers_env.py, tests/integration/test_verifiers_run.py), written here: no hub,
+no network. Not a test module (tests/helpers.py's rule: no test module imports another). Named in a config as a file,
+`tests/vf_envs.py:NAME`, or, through a package that exports them (`package_dir`), by id, as an installed environment
+package is.
 
 - ReverseTaskset: single turn (v1's SingleAgentEnv): reverse a word, partial credit per position (the tiny warm
   model's task, rendered '{question}=') plus a zero-weight reward that counts the reply's letters.

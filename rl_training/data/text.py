@@ -2,7 +2,8 @@
 bounded by the budget, not by what the writer chose to send.
 
 - `clean_text`: any string as valid UTF-8 (a lone surrogate, which a model's JSON escape `"\\ud800"` or a tool's
-  output can carry, becomes '?'; every tokenizer takes the result).
+  output can carry, becomes '?'; every tokenizer takes the result). `result_text`: any value a tool returns as
+  such a text.
 - `encode_plain`: the ids of a text as data. No added token (special, such as `<|im_end|>`, or not, such as
   Qwen2.5's `<tool_call>`) is ever matched, so a tool's output cannot forge a role boundary. Special tokens are
   not parsed (`split_special_tokens`); where a non-special added token still matched, the text is split at every
@@ -14,6 +15,7 @@ bounded by the budget, not by what the writer chose to send.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -40,6 +42,30 @@ def type_name(x: Any) -> str:
         return name if isinstance(name, str) else "object"
     except Exception:  # noqa: BLE001 -- a metaclass may make even the type's name raise
         return "object"
+
+
+def result_text(out: Any) -> str:
+    """A tool's return value as the text the model reads, for any value: a string as is, bytes decoded (invalid
+    UTF-8 replaced), anything else as JSON, else str(); what neither can show (an int past Python's 4,300-digit
+    str limit, a container nested past the recursion limit, an object whose __str__ raises) is named by its type.
+    Always valid UTF-8 (clean_text)."""
+    try:
+        if isinstance(out, bytes | bytearray | memoryview):
+            return clean_text(bytes(out).decode("utf-8", errors="replace"))
+        if isinstance(out, str):
+            return clean_text(out)
+        try:
+            return clean_text(json.dumps(out, ensure_ascii=False))
+        except (TypeError, ValueError, RecursionError):
+            return clean_text(str(out))
+    except Exception:  # noqa: BLE001 -- any value a tool returns must render, or be named: never raise
+        return _unshowable(out)
+
+
+def _unshowable(out: Any) -> str:
+    if isinstance(out, int) and not isinstance(out, bool):
+        return f"<int of {out.bit_length()} bits, too large to print>"
+    return f"<{clean_text(type_name(out))} that cannot be shown as text>"
 
 
 class _Added:

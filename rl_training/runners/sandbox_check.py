@@ -15,7 +15,8 @@ import math
 import os
 import sys
 
-from rl_training.sandbox.pool import Pool, PoolSettings, SandboxUnavailable
+from rl_training.sandbox.confinement import PoolSettings, SandboxUnavailable
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.code import harness
 from rl_training.tasks.code.harness import Program, judge
 

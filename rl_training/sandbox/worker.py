@@ -1,10 +1,13 @@
-"""The sandbox side: a template process that forks one fresh candidate per program, and the value codec.
+"""The sandbox side: a template process that forks one fresh candidate per program, the value codec, and what every
+process this package runs shares with the side that drives it: the message framing and the /proc walk.
 
 This file runs inside the bubblewrap sandbox as `python -I -S -c <this source> <ctl_fd> <mode> <preload|lean>`
 (standard library only, no site-packages; lean: no common modules imported ahead, for a sandbox that serves one
-program) and is also imported by the trusted side for `encode`/`decode` and the framing, so both ends share one
-protocol. Nothing here decides a verdict: the candidate can only send back plain values, which the trusted side
-(tasks/code/harness.py) decodes into builtin types and judges.
+program) and is also imported by the trusted side for `encode`/`decode`, the framing and `descendants`, so both
+ends share one protocol: the pool's jobs (handle.py) and the tools' process (tool_process.py, tool_worker.py)
+frame their messages with send_frame/recv_frame, and the tools' kill (tool_process.kill_tree) walks /proc with
+descendants, as the template does. Nothing here decides a verdict: the candidate can only send back plain values,
+which the trusted side (tasks/code/harness.py) decodes into builtin types and judges.
 
 Protocol
 - control (SOCK_SEQPACKET, trusted <-> template): {"op": "run", "limits": {...}} with one fd (the job
@@ -12,7 +15,7 @@ Protocol
   -> it kills every other process of the sandbox, reaps them, empties /tmp and /dev/shm unless "empty" is false
   (a sandbox closed after one job) and answers {"op": "reaped", "status": <wait status of the candidate or
   null>} (a classification hint only, never a verdict).
-- job (SOCK_STREAM, trusted <-> candidate, 4-byte big-endian length + UTF-8 JSON): first {"code", "name",
+- job (SOCK_STREAM, trusted <-> candidate, a frame: 4-byte big-endian length + UTF-8 JSON): first {"code", "name",
   "setup"} -> {"ok": true} or {"error": class, "detail"}; then {"call": fn, "args", "kwargs"} ->
   {"value": v} | {"raise": type name} | {"unencodable": type name}, or {"stdin": text} -> {"stdout": text,
   "raise": type name or null}.
@@ -112,28 +115,71 @@ def decode(x, depth=0):
 
 
 # ---------------------------------------------------------------------------------------------- framing
-def send_msg(sock, obj):
-    data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+class ChannelClosed(ProtocolError):
+    """The other end closed the socket before a whole message came."""
+
+    def __init__(self):
+        super().__init__("connection closed")
+
+
+class FrameTooBig(ProtocolError):
+    """A message over the reader's cap, refused before any of it is read: `n` bytes."""
+
+    def __init__(self, n, cap):
+        super().__init__(f"message of {n} bytes over the {cap}-byte cap")
+        self.n = n
+
+
+def _left(deadline):
+    """Seconds until `deadline` (time.monotonic()), TimeoutError when none are left; None without one."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
+def send_frame(sock, data, deadline=None):
+    """One message: its length (4 bytes, big-endian), then `data`. Past `deadline`, TimeoutError (the socket's
+    own timeout is left as it is without one)."""
+    if deadline is not None:
+        sock.settimeout(_left(deadline))  # sendall's timeout bounds the whole send
     sock.sendall(_HDR.pack(len(data)) + data)
 
 
-def _recv_exact(sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ProtocolError("connection closed")
-        buf += chunk
+def recv_frame(sock, cap=None, deadline=None):
+    """One message's bytes: FrameTooBig over `cap` (before any of it is read into memory), ChannelClosed when the
+    other end closes first, TimeoutError past `deadline` (each read waits only for what is left of it)."""
+    (n,) = _HDR.unpack(_recv_exact(sock, _HDR.size, deadline))
+    if cap is not None and n > cap:
+        raise FrameTooBig(n, cap)
+    return _recv_exact(sock, n, deadline)
+
+
+def _recv_exact(sock, n, deadline):
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        if deadline is not None:
+            sock.settimeout(_left(deadline))
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ChannelClosed
+        got += k
     return bytes(buf)
 
 
-def recv_msg(sock, max_bytes):
-    """One message, refused (ProtocolError) over max_bytes before any of it is read into memory."""
-    (n,) = _HDR.unpack(_recv_exact(sock, _HDR.size))
-    if n > max_bytes:
-        raise ProtocolError(f"message of {n} bytes over the {max_bytes}-byte cap")
+def send_msg(sock, obj, deadline=None):
+    """A JSON message in one frame."""
+    send_frame(sock, json.dumps(obj, separators=(",", ":"), allow_nan=False).encode(), deadline)
+
+
+def recv_msg(sock, max_bytes, deadline=None):
+    """One JSON message, refused (ProtocolError) over max_bytes before any of it is read into memory."""
+    data = recv_frame(sock, max_bytes, deadline)
     try:
-        return json.loads(_recv_exact(sock, n))
+        return json.loads(data)
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"bad message: {type(e).__name__}") from None
 
@@ -273,24 +319,32 @@ def _empty_dirs(roots):
                     pass
 
 
-def descendants(root):
-    """Every live process below root, through /proc/<pid>/task/<tid>/children."""
+def descendants(root, group=False):
+    """Every process below `root` by /proc's parent links, whatever its group or session (a zombie until reaped
+    too); with `group`, also every other member of the process group `root` leads (an orphan reparented away from
+    it). [] without /proc. The one /proc walk of this package: the template's reap in weak mode and the tools'
+    process kill (tool_process.kill_tree) both find what to kill with it."""
+    children, members = {}, []
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return []
+    for p in entries:
+        try:
+            with open(f"/proc/{p}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:  # ended since the listing
+            continue
+        ppid, pgrp = stat.rsplit(b")", 1)[1].split()[1:3]  # after the name, which may hold spaces or ')'
+        children.setdefault(int(ppid), []).append(int(p))
+        if group and int(pgrp) == root and int(p) != root:
+            members.append(int(p))
     out, todo = [], [root]
     while todo:
-        pid = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return sorted(set(out + members))
 
 
 PF_EXITING = 0x4  # the task has begun to exit (include/linux/sched.h), the flags field of /proc/<pid>/stat

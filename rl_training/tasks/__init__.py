@@ -1,8 +1,8 @@
 """Tasks: what the trainer, SFT, the evals and synthesize learn and grade: the Task / Environment interface, its
 builder and the families (math, reverse, search/, code/, tools, python_tool, reasoning_gym; verifiers_env/,
-verifiers v1 environments: an optional extra imported only when named; chat_turns: the template's appended turns).
-May import: base, config, data, sandbox, retrieval. Owns: the interface; a task owns its resources (a sandbox pool,
-a retriever), started in `start`.
+verifiers v1 environments: an optional extra imported only when named). May import: base, config, data, sandbox,
+retrieval. Owns: the interface; a task owns its resources (a sandbox pool, a tools' process, a retriever), started
+in `start`.
 
 A user's task is one file anywhere, named in the config (docs/extending.md):
 

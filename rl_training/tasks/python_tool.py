@@ -26,7 +26,9 @@ from typing import Literal
 from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import Example
 from rl_training.sandbox import worker
-from rl_training.sandbox.pool import Job, JobTimeout, Pool, PoolSettings
+from rl_training.sandbox.confinement import PoolSettings
+from rl_training.sandbox.handle import Job, JobTimeout
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.math import MathTask, math_answer_classes, math_has_answer, math_reward
 from rl_training.tasks.tools import (

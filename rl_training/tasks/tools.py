@@ -24,7 +24,7 @@ unknown tool [unknown_tool], wrong or missing arguments [arguments], a tool that
 `tool_timeout_s` [timeout], a call past `max_tool_calls` per episode [too_many]) is answered with an error
 message as that call's result and counted; it never stops the run.
 
-How the tool turn stays exact is chat_turns.py's (ChatTurnFormat: the template's structure tokens keep their ids,
+How the tool turn stays exact is data/chat_turns.py's (ChatTurnFormat: the template's structure tokens keep their ids,
 results are plain text, the sampled ids are never re-encoded). Startup refuses a tokenizer without a chat
 template, one whose template ignores `tools=`, and one whose renderings are not prefixes of each other
 (ToolTemplateError).
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_training.base.errors import one_line
+from rl_training.data.chat_turns import ChatTemplateError, ChatTurnFormat
 from rl_training.data.sources import Example
-from rl_training.data.text import clean_text, type_name
+from rl_training.data.text import clean_text, result_text
+from rl_training.sandbox.tool_process import ToolFailed, ToolProcess
 from rl_training.tasks.base import Environment, RewardTimeout, Step, TaskContext, Turn
-from rl_training.tasks.chat_turns import ChatTemplateError, ChatTurnFormat
-from rl_training.tasks.tool_process import ToolProcess
 
 ERROR_CLASSES = ("json", "unknown_tool", "arguments", "raised", "timeout", "too_many", "crash")
 MAX_OBS_TOKENS = 512  # multiturn.max_obs_tokens's default, used outside a run
@@ -54,44 +54,11 @@ _CLOSE_AFTER = re.compile(r"\s*</tool_call>")
 _SPACE = re.compile(r"\s*")
 
 
-class ToolFailed(Exception):
-    """Raised by a tool (or ToolEnvironment.invoke) for a failure whose `text` is the whole result, counted under
-    `cls` (one of the environment's error_classes)."""
-
-    def __init__(self, cls: str, text: str):
-        super().__init__(text)
-        self.cls, self.text = cls, text
-
-
 class ToolTemplateError(ChatTemplateError):
     """The tokenizer cannot serve a ToolEnvironment (no chat template, no tool support, no prefix property)."""
 
 
 # ------------------------------------------------------------------------------------------------ rendering
-def result_text(out: Any) -> str:
-    """A tool's return value as the text the model reads, for any value: a string as is, bytes decoded (invalid
-    UTF-8 replaced), anything else as JSON, else str(); what neither can show (an int past Python's 4,300-digit
-    str limit, a container nested past the recursion limit, an object whose __str__ raises) is named by its type.
-    Always valid UTF-8 (clean_text)."""
-    try:
-        if isinstance(out, bytes | bytearray | memoryview):
-            return clean_text(bytes(out).decode("utf-8", errors="replace"))
-        if isinstance(out, str):
-            return clean_text(out)
-        try:
-            return clean_text(json.dumps(out, ensure_ascii=False))
-        except (TypeError, ValueError, RecursionError):
-            return clean_text(str(out))
-    except Exception:  # noqa: BLE001 -- any value a tool returns must render, or be named: never raise
-        return _unshowable(out)
-
-
-def _unshowable(out: Any) -> str:
-    if isinstance(out, int) and not isinstance(out, bool):
-        return f"<int of {out.bit_length()} bits, too large to print>"
-    return f"<{clean_text(type_name(out))} that cannot be shown as text>"
-
-
 def preview(value: Any, n: int = 40) -> str:
     """The first n characters of a JSON value's text, for an error message: total (huge ints, deep nesting)."""
     try:
@@ -201,7 +168,7 @@ def argument_problem(fn: Callable, schema: dict, arguments: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ the template
 class ChatToolFormat(ChatTurnFormat):
-    """The tokenizer's chat template with tools: the prompt text, and a tool turn's ids (chat_turns.py)."""
+    """The tokenizer's chat template with tools: the prompt text, and a tool turn's ids (data/chat_turns.py)."""
 
     role, what, error = "tool", "a tool turn", ToolTemplateError
 
@@ -441,9 +408,9 @@ class ToolEnvironment(Environment):
         return result_text(out), ""
 
     def invoke(self, ep: ToolEpisode | None, fn: Callable, arguments: dict) -> Any:
-        """One checked call's result: fn(**arguments) in the tools' own process (tool_process.py), rendered there;
-        past tool_timeout_s that process is killed with everything it started, whatever the tool catches, and the
-        call is a timeout. Failures come back as ToolFailed. A tool with per-episode state or a limit of its own
+        """One checked call's result: fn(**arguments) in the tools' own process (sandbox/tool_process.py), rendered
+        there; past tool_timeout_s that process is killed with everything it started, whatever the tool catches, and
+        the call is a timeout. Failures come back as ToolFailed. A tool with per-episode state or a limit of its own
         (the python tool's sandbox) overrides it."""
         if self.process is None:  # used without start() (a script, a test): started on first use
             self.process = self._tool_process()

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rl_training.sandbox import worker
-from rl_training.sandbox.pool import Job, JobTimeout, Pool
+from rl_training.sandbox.handle import Job, JobTimeout
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.code import FAILURE_CLASSES  # classes most severe first: a program gets its worst
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from rl_training.config.schema import SandboxCfg
 from rl_training.data.sources import DataError, Example
-from rl_training.sandbox.pool import Pool, PoolSettings
+from rl_training.sandbox.confinement import PoolSettings
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.base import Scores, Task, TaskContext
 from rl_training.tasks.code import CODE_FORMATS, COUNT_NAMES, FAILURE_CLASSES, PART_NAMES
 from rl_training.tasks.code.extract import has_code, program_for

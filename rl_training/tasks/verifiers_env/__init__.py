@@ -15,13 +15,13 @@ The one seat plays v1's tool-less `null` chat loop, and this trainer's episode e
 taskset (v1's SingleAgentEnv: one reply per task) is a single-turn Task. An Env subclass is an Environment: its
 `run(task, agents)` runs on an event loop of the sampling thread, suspended at each `interaction.turn(...)` until
 the engine has sampled that turn (_Episode); the messages it passes are the next observation, the chat template's
-user turn (chat_turns.py). The grade is v1's `Task.score` (then the Env's `finalize`) on the episode's trace, found
+user turn (data/chat_turns.py). The grade is v1's `Task.score` (then the Env's `finalize`) on the episode's trace, found
 by the completion text the trainer grades (_Traces); a completion without one (an SFT target, a sample read back)
 is graded as one reply to the prompt and counted (its count `untraced`).
 
 Modules: load (the environment by id or from a file, the refusals, the factory `verifiers_task`), task (prompts,
 traces and grading: VerifiersTask), episode (an Env's `run` driven turn by turn: VerifiersEnvironment). May import:
-base, config, data, tasks.base, tasks.chat_turns; `verifiers` itself only inside functions (an optional extra,
+base, config, data (chat_turns), tasks.base; `verifiers` itself only inside functions (an optional extra,
 imported when a config names it).
 """
 

@@ -2,7 +2,7 @@
 
 The run goes on an event loop of the sampling thread; its one seat's `interaction.turn(...)` suspends it until the
 engine has sampled that turn (_Episode.advance / replied), and the user messages it passes are the next
-observation, the chat template's user turn (chat_turns.py). Each episode's trace is filed under its sampled text
+observation, the chat template's user turn (data/chat_turns.py). Each episode's trace is filed under its sampled text
 (_Traces), which is what `grade` is given.
 """
 
@@ -14,9 +14,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from rl_training.data.chat_turns import ChatTurnFormat
 from rl_training.data.sources import Example
 from rl_training.tasks.base import Environment, Step, TaskContext, Turn
-from rl_training.tasks.chat_turns import ChatTurnFormat
 from rl_training.tasks.verifiers_env import FAMILY, NotRunnable
 from rl_training.tasks.verifiers_env.task import VerifiersTask, add_messages, new_trace, prompt_messages
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from rl_training.sandbox import seccomp_filter, worker
-from rl_training.sandbox.pool import Limits, Pool, PoolSettings
+from rl_training.sandbox.confinement import Limits, PoolSettings
+from rl_training.sandbox.pool import Pool
 from rl_training.tasks.code import harness
 from rl_training.tasks.code.harness import Program, judge, judge_batch
 from tests.helpers import sandbox_processes
@@ -178,7 +179,7 @@ def test_no_process_of_the_sandbox_is_dumpable_or_unfiltered(pool, monkeypatch):
     outlives the reap nor read another's memory. The control: bwrap's own pid 1 (without --as-pid-1) is dumpable,
     and a program of the same uid opens its memory for writing (and so could run code there that outlives the
     reap and reaches the worker's next program)."""
-    from rl_training.sandbox import pool as sandbox
+    from rl_training.sandbox import handle
 
     got, ran = _call(pool, PID1_PROBE, "probe")
     refused = {"mem_write": "EACCES", "environ": "EACCES", "maps": "EACCES"}
@@ -189,8 +190,8 @@ def test_no_process_of_the_sandbox_is_dumpable_or_unfiltered(pool, monkeypatch):
         status = dict(x.split(":", 1) for x in Path(f"/proc/{inner}/status").read_text().splitlines())
         assert (status["Seccomp"].strip(), status["NSpid"].split()[-1]) == ("2", "1")
 
-    real = sandbox.bwrap_argv
-    monkeypatch.setattr(sandbox, "bwrap_argv", lambda *a, **k: [x for x in real(*a, **k) if x != "--as-pid-1"])
+    real = handle.bwrap_argv
+    monkeypatch.setattr(handle, "bwrap_argv", lambda *a, **k: [x for x in real(*a, **k) if x != "--as-pid-1"])
     with Pool(PoolSettings(workers=1)) as old:
         got, _ = _call(old, PID1_PROBE, "probe")
     assert got["ppid"] == 2 and got["template"] == refused
@@ -424,8 +425,6 @@ def x32():
 def test_foreign_system_call_abis_kill_the_program(pool):
     """libseccomp with only the native architecture added: an i386 (int 0x80) or x32 call is the bad-architecture
     action, a kill (SIGSYS). Without the filter this kernel answers the i386 getpid and has no x32 (ENOSYS)."""
-    from rl_training.sandbox.pool import PoolSettings
-
     for fn in ("i386", "x32"):
         value, ran = _call(pool, FOREIGN_ABI, fn)
         assert value is None and ran.clean and os.WIFSIGNALED(ran.status)

@@ -1,4 +1,4 @@
-"""The sandbox pool (rl_training/sandbox/): the codec, a sandbox per job, refusal without namespaces or
+"""The sandbox pool (rl_training/sandbox/): the codec and the framing, a sandbox per job, refusal without namespaces or
 libseccomp, the pool's size, the system-call filter, the memory bound and the protections report. Programs are
 judged with the code task's harness. Hostile programs: test_adversarial.py."""
 
@@ -8,7 +8,9 @@ import json
 import math
 import os
 import shutil
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,37 @@ def test_codec_roundtrip_keeps_types_and_refuses_objects():
     for forged in ({"$t": [1], "$s": [2]}, {"__class__": "x"}, {"$d": [[[1], 2]]}, {"$c": ["a", 1]}):
         with pytest.raises((ValueError, TypeError)):
             worker.decode(forged)
+
+
+def test_the_shared_framing_refuses_a_big_frame_unread_and_ends_a_read_at_its_deadline():
+    """worker.py's frames carry both tiers' messages (the pool's jobs, the tools' process): a frame over the cap is
+    refused before its body is read, and a read with a deadline ends at it however slowly the bytes trickle in
+    (each wait is only what is left of the deadline, not a fresh timeout per read)."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        worker.send_frame(theirs, b"x" * 2000)
+        with pytest.raises(worker.FrameTooBig, match="^message of 2000 bytes over the 1000-byte cap$"):
+            worker.recv_frame(ours, 1000)
+    ours, theirs = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle():
+        theirs.sendall(worker._HDR.pack(100))
+        while not stop.wait(0.05):
+            theirs.sendall(b"x")
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            worker.recv_frame(ours, 1000, deadline=t0 + 0.3)
+        assert time.monotonic() - t0 < 2.0  # a fresh 0.3 s per read would wait until the 100 bytes came (5 s)
+    finally:
+        stop.set()
+        t.join()
+        ours.close()
+        theirs.close()
 
 
 # ---------------------------------------------------------------- a sandbox per job (the python tool's pool)
@@ -71,7 +104,8 @@ def bwrap_pids(pool) -> list[int]:
 def test_a_fresh_pool_gives_every_job_a_sandbox_of_its_own():
     """PoolSettings.fresh: no job sees a file, a directory or the pid counter of an earlier one, and no sandbox
     serves two jobs. The reused pool (the code tasks') still serves the jobs of a 1-worker pool from one sandbox."""
-    from rl_training.sandbox.pool import Pool, PoolSettings
+    from rl_training.sandbox.confinement import PoolSettings
+    from rl_training.sandbox.pool import Pool
 
     with Pool(PoolSettings(workers=1, fresh=True)) as fresh:
         seen = bwrap_pids(fresh)
@@ -89,7 +123,8 @@ def test_fresh_sandboxes_start_side_by_side_and_close_kills_those_starting():
     spawner thread, the wait for the template is not), and Pool.close kills them mid-start, at once, as well as
     the ones whose jobs end after it. The replacements here run an interpreter that never answers, so a close that
     waited for them would take the 20 s a start is given."""
-    from rl_training.sandbox.pool import Pool, PoolSettings
+    from rl_training.sandbox.confinement import PoolSettings
+    from rl_training.sandbox.pool import Pool
 
     before = set(worker.descendants(os.getpid()))
     # readable by the sandbox uid (tmp_path is not), and outside /tmp, which the sandbox mounts over
@@ -121,7 +156,8 @@ def test_fresh_sandboxes_start_side_by_side_and_close_kills_those_starting():
 
 
 def test_refuses_without_user_namespaces(monkeypatch):
-    from rl_training.sandbox.pool import Pool, PoolSettings, SandboxUnavailable
+    from rl_training.sandbox.confinement import PoolSettings, SandboxUnavailable
+    from rl_training.sandbox.pool import Pool
 
     # A bwrap that fails as it does where user namespaces are off, in a directory the sandbox uid can read
     # (pytest's tmp_path is private to root).
@@ -204,7 +240,7 @@ def test_ordinary_programs_run_under_the_filter(pool):
 
 
 def test_protections_are_reported(pool):
-    from rl_training.sandbox.pool import PoolSettings, confine, delegated_cgroup
+    from rl_training.sandbox.confinement import PoolSettings, confine, delegated_cgroup
 
     cgroup, why = delegated_cgroup()
     assert cgroup is None  # this machine (docs: cgroups are not delegated); the stand-in test covers the rest
@@ -231,7 +267,7 @@ def test_protections_are_reported(pool):
 
 
 def test_memory_cgroup_detection_says_why_not_here():
-    from rl_training.sandbox.pool import delegated_cgroup
+    from rl_training.sandbox.confinement import delegated_cgroup
 
     # cgroup v1 holds the memory controller here; the v2 hierarchy (hybrid) has none
     why = "cgroups are not delegated: no memory controller in /sys/fs/cgroup/unified (hugetlb)"
@@ -241,7 +277,8 @@ def test_memory_cgroup_detection_says_why_not_here():
 def test_memory_cgroup_path_logic_on_a_stand_in(tmp_path, pool):
     """A temporary directory stands in for a delegated cgroup v2 subtree: the detection reads it as the kernel
     lays it out, and a worker started under it is moved into its own cgroup before bwrap runs."""
-    from rl_training.sandbox.pool import Confinement, PoolSettings, Worker, delegated_cgroup
+    from rl_training.sandbox.confinement import Confinement, PoolSettings, delegated_cgroup
+    from rl_training.sandbox.handle import Worker
 
     mount, proc, info = tmp_path / "cgroup2", tmp_path / "proc-self-cgroup", tmp_path / "mountinfo"
     d = mount / "job" / "step"
@@ -280,7 +317,8 @@ def test_memory_cgroup_path_logic_on_a_stand_in(tmp_path, pool):
 def test_strict_mode_refuses_without_libseccomp(monkeypatch):
     import sys
 
-    from rl_training.sandbox.pool import Pool, PoolSettings, SandboxUnavailable, confine
+    from rl_training.sandbox.confinement import PoolSettings, SandboxUnavailable, confine
+    from rl_training.sandbox.pool import Pool
 
     monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as where the binding is not installed: ImportError
     with pytest.raises(SandboxUnavailable, match=r"libseccomp .*pip install -r requirements.txt.*sandbox.mode=weak"):

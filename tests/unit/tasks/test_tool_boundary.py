@@ -1,8 +1,9 @@
 """The tool protocol's model boundary (rl_training/tasks/tools.py, rl_training/data/text.py; issue 38) against
 Qwen2.5's added tokens and real chat template (tests/hostile.py): every function that reads a policy's turn or a
 tool's output returns a value for any input, each crash class found by hand has its regression test, and
-Hypothesis tries the rest. What must hold: no observation ever carries an added token the template did not put
-there, every tool turn fits the one observation budget, and every text reaching the tokenizer is valid UTF-8."""
+Hypothesis tries the rest (data/text.py's own properties: tests/unit/data/test_text.py). What must hold: no
+observation ever carries an added token the template did not put there, every tool turn fits the one observation
+budget, and every text reaching the tokenizer is valid UTF-8."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from hypothesis import strategies as st
 
 from rl_training.base.errors import one_line
 from rl_training.data.sources import Example
-from rl_training.data.text import clean_text, encode_plain
+from rl_training.data.text import encode_plain, result_text
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import TaskContext, Turn
-from rl_training.tasks.tools import ToolEnvironment, parse_tool_calls, result_text, scan_tool_calls
-from tests.hostile import CONTROL, HOSTILE_TEXT, RETURN_VALUES, TURN_TEXT, qwen25_tokenizer
+from rl_training.tasks.tools import ToolEnvironment, parse_tool_calls, scan_tool_calls
+from tests.hostile import CONTROL, TURN_TEXT, qwen25_tokenizer
 from tests.tool_fns import Unprintable, calculator, echo, hostile_raise, raw, stubborn
 
 Q = qwen25_tokenizer()
@@ -203,29 +204,6 @@ def test_a_tool_that_swallows_its_timeout_is_stopped_from_outside(thread):
 
 
 # ----------------------------------------------------------------------------------------------- properties
-@given(HOSTILE_TEXT)
-def test_clean_text_is_valid_utf8_and_keeps_valid_text(text):
-    out = clean_text(text)
-    out.encode("utf-8")
-    assert len(out) == len(text) and (out == text) == all(not 0xD800 <= ord(c) <= 0xDFFF for c in text)
-
-
-@given(HOSTILE_TEXT)
-def test_encode_plain_never_matches_an_added_token_and_spells_the_text(text):
-    ids = encode_plain(Q, text)
-    assert ADDED.isdisjoint(ids)
-    assert Q.decode(ids) == clean_text(text)
-
-
-@given(HOSTILE_TEXT, st.integers(min_value=0, max_value=600))
-def test_encode_plain_with_a_budget_is_a_prefix_that_holds_it(text, budget):
-    """The budgeted encoding reads a prefix of the text: its ids decode to a prefix of the text, and there are at
-    least `budget` of them wherever the whole text has that many."""
-    whole, cut = encode_plain(Q, text), encode_plain(Q, text, max_tokens=budget)
-    assert clean_text(text).startswith(Q.decode(cut)) or Q.decode(cut).endswith("\ufffd")
-    assert len(cut) >= min(budget, len(whole))
-
-
 @given(TURN_TEXT, st.integers(min_value=0, max_value=6))
 def test_scan_is_total_and_its_limit_is_a_prefix_of_the_whole_scan(text, limit):
     calls, more = scan_tool_calls(text, limit)
@@ -234,13 +212,6 @@ def test_scan_is_total_and_its_limit_is_a_prefix_of_the_whole_scan(text, limit):
     for c in calls:
         assert isinstance(c.name, str) and isinstance(c.arguments, dict) and isinstance(c.error, str)
         assert not c.error or (c.name, c.arguments) == ("", {})
-
-
-@given(RETURN_VALUES)
-def test_result_text_renders_any_value_as_valid_utf8(value):
-    out = result_text(value)
-    assert isinstance(out, str)
-    out.encode("utf-8")
 
 
 @given(TURN_TEXT)

@@ -10,13 +10,13 @@ import time
 import pytest
 from tokenizers import pre_tokenizers
 
+from rl_training.data.chat_turns import TRUNCATED
 from rl_training.data.sources import Example
 from rl_training.data.text import encode_plain
 from rl_training.policy.tiny_model import CHAT_TEMPLATE, build_tokenizer
 from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import Environment, Step, Turn
-from rl_training.tasks.chat_turns import TRUNCATED
 from rl_training.tasks.tools import ToolEnvironment, ToolTemplateError, argument_problem, final_text, parse_tool_calls
 from tests.tool_fns import boom, calculator, echo, raw, sleepy
 

@@ -1,7 +1,6 @@
 """The child side of ToolProcess (tool_process.py): imports the tools, then answers one call at a time with the
-tool's return value rendered to text, so only strings cross back and nothing a tool returns or raises can kill
-this loop. Started only by ToolProcess, never imported by the trainer: it is its own module so that the parent
-side (which tools.py uses) never imports tools.py back.
+tool's return value rendered to text (data.text.result_text), so only strings cross back and nothing a tool
+returns or raises can kill this loop. Started only by ToolProcess (its boot line), never imported by the parent.
 
 Every message from here is a tuple of strings: ("ready",), ("error", one line) when a tool cannot be imported,
 ("reply", text, error class or "").
@@ -22,8 +21,9 @@ from typing import Any
 
 from rl_training.base.errors import one_line
 from rl_training.config.plugins import module_from_file
-from rl_training.tasks.tool_process import ChannelClosed, recv_frame, send_frame
-from rl_training.tasks.tools import ToolFailed, result_text
+from rl_training.data.text import result_text
+from rl_training.sandbox.tool_process import ToolFailed
+from rl_training.sandbox.worker import ChannelClosed, recv_frame, send_frame
 
 
 def main(sock_fd: int, lifeline_fd: int) -> None:

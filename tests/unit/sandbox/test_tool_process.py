@@ -1,8 +1,8 @@
-"""ToolProcess (rl_training/tasks/tool_process.py): a tool runs in a child process that a timeout kills from outside,
+"""ToolProcess (rl_training/sandbox/tool_process.py): a tool runs in a child process that a timeout kills from outside,
 with everything it started, whatever the tool catches; a crash, a raise, an unrenderable value or a print is an
 answer, never a dead trainer; and the next call runs in a fresh process.
 
-The tools are this module's functions: the child imports them by reference (tests.unit.tasks.test_tool_process).
+The tools are this module's functions: the child imports them by reference (tests.unit.sandbox.test_tool_process).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_training.tasks.tool_process import ToolProcess
-from rl_training.tasks.tools import ToolFailed
+from rl_training.sandbox import worker
+from rl_training.sandbox.tool_process import ToolFailed, ToolProcess
 
 
 # --------------------------------------------------------------------------------------- the tools (module level)
@@ -150,7 +150,7 @@ def pid() -> int:
 
 def writes_into_the_channel() -> str:
     sock_fd = int(sys.argv[2])  # the child's argv: its sys.path, its socket's fd, its lifeline's fd
-    os.write(sock_fd, (1).to_bytes(8, "big") + b"(")  # a frame of one byte: a pickle cut short
+    os.write(sock_fd, worker._HDR.pack(1) + b"(")  # a frame of one byte: a pickle cut short
     return "ok"
 
 
@@ -300,8 +300,8 @@ def test_the_process_dies_with_its_parent(tmp_path):
     script.write_text(
         textwrap.dedent("""
         import sys
-        from rl_training.tasks.tool_process import ToolProcess
-        from tests.unit.tasks.test_tool_process import catches_everything
+        from rl_training.sandbox.tool_process import ToolProcess
+        from tests.unit.sandbox.test_tool_process import catches_everything
         tp = ToolProcess([catches_everything], 60.0)
         tp.start()
         print(tp.pid, flush=True)
@@ -351,7 +351,7 @@ def test_every_return_value_is_rendered_in_the_child(make):
 
 def test_a_value_the_renderer_fails_on_is_named_by_its_type(monkeypatch):
     # result_text is meant to be total; the child's last resort still answers if it is not (in process here).
-    from rl_training.tasks import tool_worker
+    from rl_training.sandbox import tool_worker
 
     def broken(out):
         raise RecursionError("deep")
@@ -423,7 +423,7 @@ def test_a_tool_defined_in_a_script_runs_without_its_main_block(tmp_path):
             return os.getpid()
 
         if __name__ == "__main__":
-            from rl_training.tasks.tool_process import ToolProcess
+            from rl_training.sandbox.tool_process import ToolProcess
             print("main ran", flush=True)
             with ToolProcess([where], 5.0) as tp:
                 print(tp.call("where", {}) == (str(tp.pid), ""), tp.spawns, flush=True)

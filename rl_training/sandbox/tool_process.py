@@ -1,5 +1,6 @@
-"""A ToolEnvironment's tools in a child process of their own, so a tool that runs past its time limit is stopped
-from outside and counted.
+"""The sandbox's unconfined tier: a ToolEnvironment's tools (trusted code, a task's own) in a child process of their
+own, so a tool that runs past its time limit is stopped from outside and counted. The confined tier, for code a
+model wrote, is the pool (pool.py); both frame their messages and walk /proc with worker.py's functions.
 
 In the trainer's own process a time limit is SIGALRM in the main thread, which a tool that catches Exception
 (or BaseException) swallows, running on unseen; in any other thread it is a daemon thread abandoned while it
@@ -12,15 +13,16 @@ that left the group (`setsid`), reaps the child and is answered as a timeout; th
     text, err = tp.call("calculator", {"a": 1, "b": 2})  # ("3", "")
     tp.close()
 
-The wire: a socketpair, each message a 8-byte length and a pickle (arguments may hold ints past Python's
-4300-digit str limit, which JSON cannot carry). The child renders a return value to text itself, so only plain
-strings come back, read with an unpickler that loads no class. The child's stdout and stderr are the parent's
-stderr (a tool may print). A tool is imported in the child by reference (`__module__` + `__qualname__`; a user's
-task file from its path under the name config.plugins.import_file gave it), so it must be defined at module level; its
-module-level state lives as long as its process (until a timeout or crash replaces it).
+The wire: a socketpair, each message one frame of worker.py's (a 4-byte length, then the bytes) holding a pickle
+(arguments may hold ints past Python's 4300-digit str limit, which JSON cannot carry). The child renders a return
+value to text itself, so only plain strings come back, read with an unpickler that loads no class. The child's
+stdout and stderr are the parent's stderr (a tool may print). A tool is imported in the child by reference
+(`__module__` + `__qualname__`; a user's task file from its path under the name config.plugins.import_file gave
+it), so it must be defined at module level; its module-level state lives as long as its process (until a timeout
+or crash replaces it).
 
-The child runs rl_training/tasks/tool_worker.py. What it cannot stop: a process that double-forked out of the
-tree and its group before the timeout (only a pid namespace stops that: the code sandbox, rl_training/sandbox/).
+The child runs tool_worker.py. What it cannot stop: a process that double-forked out of the tree and its group
+before the timeout (only a pid namespace stops that: the confined tier, pool.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import pickle
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -41,62 +42,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rl_training.base.errors import one_line
+from rl_training.sandbox.worker import ChannelClosed, FrameTooBig, descendants, recv_frame, send_frame
 
 MAX_REPLY_BYTES = 16 << 20  # a reply over this is refused unread (a crash): the result is cut to tokens anyway
 REAP_S = 5.0  # the longest a kill waits for the processes below the child to end (SIGKILL takes microseconds)
 START_TIMEOUT_S = 60.0  # spawn to "ready": a fresh interpreter importing the tools' modules (torch takes seconds)
-_HEADER = struct.Struct("!Q")
 # The child's first statement puts the parent's sys.path in place, so it imports what the parent imports
 # (rl_training, a test's tests.* modules) whatever its working directory or install.
 _BOOT = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from rl_training.tasks.tool_worker import main; main(int(sys.argv[2]), int(sys.argv[3]))"
+    "from rl_training.sandbox.tool_worker import main; main(int(sys.argv[2]), int(sys.argv[3]))"
 )
 
 
 # -------------------------------------------------------------------------------------------------- the wire
-class ChannelClosed(EOFError):
-    """The other end closed the socket before a whole message came."""
+class ToolFailed(Exception):
+    """Raised by a tool (or ToolEnvironment.invoke) for a failure whose `text` is the whole result, counted under
+    `cls` (one of the environment's error_classes). The child answers it with its text and class."""
 
-
-class ReplyTooBig(Exception):
-    def __init__(self, n: int):
-        super().__init__(n)
-        self.n = n
-
-
-def _left(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
-def send_frame(sock: socket.socket, data: bytes, deadline: float | None = None) -> None:
-    sock.settimeout(_left(deadline))  # sendall's timeout bounds the whole send
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def recv_frame(sock: socket.socket, cap: int | None = None, deadline: float | None = None) -> bytes:
-    """One message; ReplyTooBig over `cap` (before reading it), TimeoutError past `deadline`, ChannelClosed."""
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
-    if cap is not None and n > cap:
-        raise ReplyTooBig(n)
-    return _recv_exact(sock, n, deadline)
-
-
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        sock.settimeout(_left(deadline))
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ChannelClosed
-        got += k
-    return bytes(buf)
+    def __init__(self, cls: str, text: str):
+        super().__init__(text)
+        self.cls, self.text = cls, text
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -268,7 +234,7 @@ class ToolProcess:
             problem = f"it was not ready within {self.start_timeout_s:g} s"
         except (ChannelClosed, OSError):
             problem = f"it ended while importing the tools ({_ended(self._end(grace_s=5.0))})"
-        except ReplyTooBig as e:
+        except FrameTooBig as e:
             problem = f"its first message of {e.n} bytes is over the {self.max_reply_bytes} byte limit"
         except pickle.UnpicklingError as e:
             problem = f"its first message could not be read ({e})"
@@ -335,7 +301,7 @@ class ToolProcess:
         except (ChannelClosed, OSError):  # after TimeoutError, an OSError too: the socket broke
             code = self._replace(grace_s=1.0)
             return f"{crashed} its process ended without a reply ({_ended(code)})", "crash"
-        except ReplyTooBig as e:
+        except FrameTooBig as e:
             self._replace()
             return f"{crashed} its reply of {e.n} bytes is over the {self.max_reply_bytes} byte limit", "crash"
         except pickle.UnpicklingError as e:  # its text is one line (_plain_message)
@@ -348,33 +314,6 @@ class ToolProcess:
 
 
 # ------------------------------------------------------------------------------------------------- killing
-def processes_of(pid: int) -> list[int]:
-    """Every process below `pid` by /proc's parent links, whatever its group or session, and every other member
-    of the process group `pid` leads (an orphan reparented away from it); [] without /proc."""
-    children: dict[int, list[int]] = {}
-    group = []
-    try:
-        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
-    except OSError:
-        return []
-    for p in entries:
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # ended since the listing
-            continue
-        _, ppid, pgrp = stat.rsplit(b")", 1)[1].split()[:3]  # after the name, which may hold spaces or ')'
-        children.setdefault(int(ppid), []).append(int(p))
-        if int(pgrp) == pid and int(p) != pid:
-            group.append(int(p))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return sorted(set(out + group))
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL to the process group `pid` leads and to every process below it, in the group or not (setsid); then
     wait (up to REAP_S) until each but `pid` (its parent reaps it) has ended. The group is stopped first, so it
@@ -385,7 +324,7 @@ def kill_tree(pid: int) -> None:
     except ProcessLookupError:
         pass
     handles = []
-    for p in processes_of(pid):
+    for p in descendants(pid, group=True):
         try:
             handles.append(os.pidfd_open(p))
         except OSError:  # ended since the listing

@@ -1,5 +1,6 @@
-"""The turn an environment appends after a sampled turn, as the tokenizer's chat template writes it, token-exact:
-the tool turn of a ToolEnvironment (tools.py) and the user turn of a verifiers Env (verifiers_env.py).
+"""The chat template's token layout: the turn an environment appends after a sampled turn, as the tokenizer's chat
+template writes it, token-exact (the tool turn of a ToolEnvironment, the user turn of a verifiers Env). Beside
+encode_plain (text.py), which tokenizes the text runs between the template's structure tokens.
 
 How the appended turn stays exact: the template renders a probe conversation with sentinels in place of the
 assistant's text and of the appended messages; the text after the assistant sentinel is the appended turn. It is

@@ -140,7 +140,8 @@ def test_batch_is_parallel_and_bounded_by_the_deadline(pool):
 
 
 def test_weak_mode_is_explicit_warned_and_counted(caplog):
-    from rl_training.sandbox.pool import Pool, PoolSettings
+    from rl_training.sandbox.confinement import PoolSettings
+    from rl_training.sandbox.pool import Pool
     from rl_training.tasks.code.task import code_example, score_code_batch
 
     ex = code_example("mbpp", {"text": "t", "test_list": ["assert f() == 1"]}, "t:1")
