@@ -15,6 +15,7 @@ TASK = [
     "task.args={max_word_len: 5, size: 64, heldout_size: 16, answer_format: plain}",
     "data.train=task:train",
     "data.eval=task:heldout",
+    "data.prompt_template={question}=",  # the warm model's format (tests/conftest.py): the task's own is '{question}'
 ]
 
 

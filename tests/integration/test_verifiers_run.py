@@ -34,6 +34,7 @@ def test_a_taskset_by_id_trains_resumes_and_evaluates_graded_by_its_rewards(warm
     monkeypatch.syspath_prepend(str(package_dir(tmp_path / "site", "vf-reverse", ["ReverseTaskset"])))
     args = {"taskset": {"num_tasks": 80}, "heldout_size": 16}
     task = ["task.name=verifiers/vf-reverse", f"task.args={json.dumps(args)}", "data.train=task:train"]
+    task.append("data.prompt_template={question}=")  # the warm model's format (tests/conftest.py)
     over = [*task, "data.eval=task:heldout", f"model.name_or_path={warm_model}", f"run.output_dir={tmp_path / 'runs'}"]
     over.append("ckpt.every=1")
     assert rl_runner.main(["--cfg", TESTCFG, *over, "train.total_steps=2"]) == 0
