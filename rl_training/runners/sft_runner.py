@@ -70,10 +70,17 @@ def collate(pairs, pad_id: int, device):
     return ids.to(device), attn.to(device), labels.to(device)
 
 
+TRIM_HEAD_VOCAB = 4096  # answer_loss trims the LM head from this vocabulary size on
+
+
 def answer_loss(model, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the labelled tokens (transformers' causal-LM loss), with the LM head run
     only from the earliest labelled position's predecessor on (logits_to_keep): prompt positions carry no loss,
-    and with a 49k vocabulary their logits were most of a short answer's step (train/update.py forward_logits)."""
+    and with a 49k vocabulary their logits were most of a short answer's step (train/update.py forward_logits).
+    Below TRIM_HEAD_VOCAB tokens the head costs little and the model's own loss runs, on the full logits: that keeps
+    the tiny model's warm starts bit for bit, which the search demo's stage 1 depends on (docs/search.md)."""
+    if model.config.get_text_config().vocab_size < TRIM_HEAD_VOCAB:
+        return model(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
     labelled = (labels != -100).any(0).nonzero()
     first = max(1, int(labelled[0])) if len(labelled) else 1  # the earliest labelled token; token 0 has no predecessor
     keep = {"logits_to_keep": ids.shape[1] - first + 1} if takes_logits_to_keep(model) else {}
