@@ -54,8 +54,9 @@ def main(argv=None) -> int:
     from rl_training.config.schema import LoraCfg
     from rl_training.policy.models import apply_lora, trainable_parameters
     from rl_training.policy.tiny_model import make_tiny_model
+    from rl_training.train.batches import make_micro_batches
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
     from rl_training.train.packing import padded_tokens
-    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
 
     torch.set_num_threads(2)
     torch.manual_seed(0)

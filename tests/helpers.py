@@ -25,11 +25,13 @@ from rl_training.algs.common import token_logprobs
 from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
 from rl_training.base import dist
+from rl_training.base.meter import Meter
 from rl_training.config.schema import LoraCfg
 from rl_training.policy.models import apply_lora, trainable_parameters
 from rl_training.rollout.base import Rollouts
 from rl_training.sandbox.worker import descendants
-from rl_training.train.update import NULL_PROBES, UpdateHParams, forward_logits, make_micro_batches, train_on_rollouts
+from rl_training.train.batches import forward_logits, make_micro_batches
+from rl_training.train.learner import NULL_PROBES, UpdateHParams, train_on_rollouts
 
 # ------------------------------------------------------------------------------------------- paths, configs
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +141,8 @@ def grads_after(
     pack_row_tokens=None,
     probes=None,
 ):
-    """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the stats."""
+    """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the update's meter,
+    reduced (base/meter.py: .logged, .totals, .pers, .kept)."""
     params = trainable_parameters(model)
     opt = torch.optim.SGD(params, lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
@@ -159,8 +162,10 @@ def grads_after(
     norm = StepNorm(
         seqs=len(rollouts), tokens=sum(rollouts.trainable(i) for i in range(len(rollouts))), max_new_tokens=8
     )
-    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes)
-    return torch.cat([p.grad.reshape(-1).clone() for p in params]), stats
+    meter = Meter()
+    train_on_rollouts(model, opt, sched, params, mbs, hp, norm, NULL_PROBES if probes is None else probes, meter)
+    meter.logged = meter.reduce(torch.device("cpu"))
+    return torch.cat([p.grad.reshape(-1).clone() for p in params]), meter
 
 
 # A user task whose grader fails on purpose: records {"q": ..., "mode": "ok" | "raise" | "hang"}; "raise" raises,
@@ -517,3 +522,10 @@ def run_demo_script(script: str, *args: str, timeout: float = 1200) -> tuple[sub
     wall = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r, wall
+
+
+def metered(stats) -> dict[str, float]:
+    """What an environment's call stats (Environment.call_stats) log: measured into a meter, reduced (one rank)."""
+    meter = Meter()
+    stats.measure(meter)
+    return meter.reduce(torch.device("cpu"))

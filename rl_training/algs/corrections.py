@@ -17,8 +17,8 @@ which for token-mean objectives rescales the step by 1 / (1 - masked fraction). 
 by 1, where NeMo-RL's seq-mask-tis multiplies them by rho_t. Our names beside verl's, prime-rl's, SkyRL's and
 NeMo-RL's: docs/objectives.md.
 
-Each correction also returns counts (summed over the step, logged as is/<name>_frac over the step's tokens or
-sequences); the weights are 0 off the mask and carry no gradient.
+Each correction also returns counts under the names they are logged as (each summed over the step and divided by
+the step's tokens or sequences); the weights are 0 off the mask and carry no gradient.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import torch
 
 class CorrectionOut(NamedTuple):
     weights: torch.Tensor  # [B,L] w_t >= 0 on completion tokens, 0 elsewhere; no gradient
-    counts: dict[str, torch.Tensor]  # name -> scalar count of this micro-batch (tokens or sequences: Correction.counts)
+    counts: dict[str, torch.Tensor]  # logged name -> scalar count of this micro-batch (Correction.counts)
 
 
 class Correction:
-    """An off-policy correction: subclass, declare `counts` (each count's name and what it counts, 'tokens' or
-    'sequences', the denominator of its logged fraction is/<name>_frac) and implement `__call__`."""
+    """An off-policy correction: subclass, declare `counts` (each count's logged name, e.g. 'is/trunc_frac', and
+    what it counts, 'tokens' or 'sequences': the denominator of the logged fraction) and implement `__call__`."""
 
     name = "correction"
     counts: ClassVar[Mapping[str, Literal["tokens", "sequences"]]] = {}
@@ -57,7 +57,7 @@ class TruncatedIS(Correction):
     """w_t = min(rho_t, cap). Bit-identical to the trainer's TIS before corrections had a slot (loss.tis_cap)."""
 
     name = "tis"
-    counts: ClassVar[Mapping[str, str]] = {"trunc": "tokens"}  # tokens whose weight the cap truncated: is/trunc_frac
+    counts: ClassVar[Mapping[str, str]] = {"is/trunc_frac": "tokens"}  # tokens whose weight the cap truncated
 
     def __init__(self, cap: float = 2.0):
         if not (cap > 0 and math.isfinite(cap)):
@@ -67,7 +67,7 @@ class TruncatedIS(Correction):
     def __call__(self, logp, rollout_logp, mask) -> CorrectionOut:
         rho = _ratio(logp, rollout_logp, mask)
         weights = torch.clamp(torch.exp(logp - rollout_logp), max=self.cap) * mask
-        return CorrectionOut(weights, {"trunc": (rho > self.cap).sum()})
+        return CorrectionOut(weights, {"is/trunc_frac": (rho > self.cap).sum()})
 
 
 class _Band(Correction):
@@ -84,7 +84,7 @@ class TokenMask(_Band):
     weight). Defaults: prime-rl's 0.125 and 8."""
 
     name = "token_mask"
-    counts: ClassVar[Mapping[str, str]] = {"masked_low": "tokens", "masked_high": "tokens"}
+    counts: ClassVar[Mapping[str, str]] = {"is/masked_low_frac": "tokens", "is/masked_high_frac": "tokens"}
 
     def __init__(self, low: float = 0.125, high: float = 8.0):
         super().__init__(low, high)
@@ -93,7 +93,7 @@ class TokenMask(_Band):
         rho, m = _ratio(logp, rollout_logp, mask), mask.bool()
         below, above = m & (rho < self.low), m & (rho > self.high)
         weights = (m & ~below & ~above).to(logp.dtype)
-        return CorrectionOut(weights, {"masked_low": below.sum(), "masked_high": above.sum()})
+        return CorrectionOut(weights, {"is/masked_low_frac": below.sum(), "is/masked_high_frac": above.sum()})
 
 
 class SequenceGeoMask(_Band):
@@ -102,7 +102,7 @@ class SequenceGeoMask(_Band):
     rollout_rs=geometric). Defaults 0.99 / 1.01: a 1% mean per-token disagreement."""
 
     name = "seq_geo_mask"
-    counts: ClassVar[Mapping[str, str]] = {"masked_seqs": "sequences", "masked": "tokens"}
+    counts: ClassVar[Mapping[str, str]] = {"is/masked_seqs_frac": "sequences", "is/masked_frac": "tokens"}
 
     def __init__(self, low: float = 0.99, high: float = 1.01):
         super().__init__(low, high)
@@ -114,7 +114,8 @@ class SequenceGeoMask(_Band):
         geo = torch.exp(log_geo)
         outside = ((geo < self.low) | (geo > self.high)) & (n > 0)
         weights = (m & ~outside.unsqueeze(1)).to(logp.dtype)
-        return CorrectionOut(weights, {"masked_seqs": outside.sum(), "masked": (m & outside.unsqueeze(1)).sum()})
+        masked = (m & outside.unsqueeze(1)).sum()
+        return CorrectionOut(weights, {"is/masked_seqs_frac": outside.sum(), "is/masked_frac": masked})
 
 
 # name -> class, built with loss.correction_args as keyword arguments (loss.correction=none: no correction)

@@ -244,4 +244,11 @@ def load_correction(loss: LossCfg) -> Correction | None:
         if args:
             raise ConfigError(f"loss.correction=none takes no loss.correction_args (got {args!r})")
         return None
-    return load(CORRECTION, name, CORRECTIONS, args)
+    correction = load(CORRECTION, name, CORRECTIONS, args)
+    for count, unit in dict(getattr(correction, "counts", {})).items():  # logged names: base/meter.py
+        if not (isinstance(count, str) and "/" in count) or unit not in ("tokens", "sequences"):
+            raise ConfigError(
+                f"loss.correction={name}: counts must map logged names such as 'is/dropped_frac' to 'tokens' or "
+                f"'sequences', got {count!r}: {unit!r}"
+            )
+    return correction

@@ -59,8 +59,6 @@ class RetrievalStats:
     failed: int = 0
     retries: int = 0
     latencies_s: list[float] = field(default_factory=list)  # one per batch call
-    # reduced across ranks by max (the slowest rank's); the counts are summed (Environment.call_stats)
-    max_keys = ("retrieval/latency_p50_ms", "retrieval/latency_p95_ms")
 
     def add(self, r: RetrievalResult) -> None:
         self.queries += len(r.errors)
@@ -68,21 +66,19 @@ class RetrievalStats:
         self.retries += r.retries
         self.latencies_s.append(r.latency_s)
 
-    def metrics(self) -> dict[str, float]:
-        """retrieval/* values of this rank (the caller reduces across ranks): counts, and the batch latency's
-        p50/p95 in ms (nearest rank; 0 without calls)."""
+    def measure(self, meter) -> None:
+        """retrieval/* into the step's meter (base/meter.py): the counts summed over ranks, the batch latency's
+        p50/p95 in ms (nearest rank; 0 without calls) the slowest rank's."""
         lat = sorted(self.latencies_s)
 
         def pct(q: float) -> float:
             return 1e3 * lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else 0.0
 
-        return {
-            "retrieval/queries": float(self.queries),
-            "retrieval/failed": float(self.failed),
-            "retrieval/retries": float(self.retries),
-            "retrieval/latency_p50_ms": pct(0.50),
-            "retrieval/latency_p95_ms": pct(0.95),
-        }
+        meter.add("retrieval/queries", self.queries)
+        meter.add("retrieval/failed", self.failed)
+        meter.add("retrieval/retries", self.retries)
+        meter.max("retrieval/latency_p50_ms", pct(0.50))
+        meter.max("retrieval/latency_p95_ms", pct(0.95))
 
 
 class Retriever(Protocol):

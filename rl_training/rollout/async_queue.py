@@ -2,7 +2,7 @@
 policy of step max(0, t - K) while the trainer trains earlier batches.
 
 Departure from the synchronous loop, as in AReaL's decoupled PPO: the sampler (behaviour policy) is up to K
-updates older than the trainer. The trainer's epoch-0 forward is the proximal policy (train/update.py: the PPO
+updates older than the trainer. The trainer's epoch-0 forward is the proximal policy (train/learner.py: the PPO
 ratio is exactly 1 there and the clip acts around it); the behaviour-to-proximal correction is the truncated
 importance weight min(pi_prox / pi_behav, cap) (loss.correction), which is why K > 0 requires a correction.
 

@@ -123,7 +123,7 @@ class RolloutBackend(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """Backend-specific values to log each step (weight version, memory freed by sleep), logged as rank 0 has
-        them (a Part's `ready` values, base/parts.py: not reduced over ranks)."""
+        them (ready values of the step's meter, base/meter.py: not reduced over ranks)."""
 
     def close(self) -> None:
         """Release the engine; called once after the run's last collective."""

@@ -26,7 +26,7 @@ import torch
 from rl_training.algs.shaping import overlong_penalty
 from rl_training.base import dist, faults
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
-from rl_training.base.parts import Part, assemble
+from rl_training.base.meter import Meter
 from rl_training.base.timer import PhaseTimer
 from rl_training.ckpt.best import BestCheckpoint
 from rl_training.ckpt.resume import resolve_resume
@@ -38,10 +38,11 @@ from rl_training.config.schema import Config, Derived
 from rl_training.data.prompts import PromptSampler, dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples
 from rl_training.evaluation.evaluate import InLoopEval
-from rl_training.metrics.episode import episode_part
+from rl_training.metrics.episode import measure_episodes
+from rl_training.metrics.logger import MetricsLogger
 from rl_training.metrics.progress import make_progress
 from rl_training.metrics.samples import StepSamples
-from rl_training.metrics.step import MetricsLogger, step_part
+from rl_training.metrics.step import measure_step
 from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.probes.budget import RolloutBudget, StepWork
@@ -270,51 +271,47 @@ def publish(run: Run, step: int) -> None:
 
 
 def rl_step(run: Run, step: int) -> dict[str, float]:
-    """generate -> score -> learn -> publish -> metrics."""
-    timer = PhaseTimer()
+    """generate -> score -> learn -> publish -> metrics. Every number goes to the step's meter (base/meter.py)
+    where it is measured; one reduction over ranks at the end."""
+    timer, meter = PhaseTimer(), Meter()
     with timer("generate"):  # async: only the wait for the producer's batch
         batch = run.rollouts.get(step)
-    sampled = {**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)}
+    meter.ready({**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)})
     with timer("score"):
         scores = score_completions(run.task, batch.rollouts.texts, batch.examples, run.cfg.reward.timeout_s)
-        rewards, shaping = shaped_rewards(run, batch.rollouts, scores.rewards)
+        rewards = shaped_rewards(run, meter, batch.rollouts, scores.rewards)
     with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
-        learned = run.learner.learn(batch, rewards, step, before_update=run.backend.sleep)
+        learned = run.learner.learn(batch, rewards, step, meter, before_update=run.backend.sleep)
     with timer("sync"):
         # Also after a skipped update: the weights did not change, but the engine slept (level 2 discards
         # them on CUDA) and this sync is what restores them.
         publish(run, step)
-    probed = {}
     if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
-            probed = run.probes.metrics(step_work(run.cfg, batch, timer))
+            meter.ready(run.probes.metrics(step_work(run.cfg, batch, timer)))
             # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
             # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
             if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
-                probed |= run.probes.lora_health(run.model)
+                meter.ready(run.probes.lora_health(run.model))
+    meter.ready(run.backend.metrics())
+    metrics = step_metrics(run, meter, step, batch, scores, learned, timer)
     if learned.ran:
-        run.samples(step + 1, batch.rollouts, scores, learned.advantages, learned.stats.seq_logp_gap, run.logger)
-    ready = {**probed, **run.backend.metrics(), **sampled}
-    return step_metrics(run, step, batch, scores, learned, timer, ready, shaping)
+        gaps = dict(zip(learned.rows, meter.kept.get("logp_gap", []), strict=True))
+        run.samples(step + 1, batch.rollouts, scores, learned.advantages, gaps, run.logger)
+    return metrics
 
 
-def shaped_rewards(run: Run, ro, rewards: list[float]) -> tuple[list[float], list[Part]]:
+def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[float]:
     """The rewards the learner trains on: the task's minus DAPO's soft overlong penalty (reward.overlong_buffer;
-    algs/shaping.py) over the response budget, and the Part that logs it (none when off: rollout/reward_mean stays
-    the task's reward either way)."""
+    algs/shaping.py) over the response budget, metered when on (rollout/reward_mean stays the task's reward)."""
     r = run.cfg.reward
     if not r.overlong_buffer:
-        return rewards, []
+        return rewards
     lengths = [ro.trainable(i) for i in range(len(ro))]
     pen = overlong_penalty(lengths, run.learner.max_trainable_tokens, r.overlong_buffer, r.overlong_penalty)
-    part = Part(
-        sums={"pen": sum(pen), "hit": sum(p > 0 for p in pen), "n": len(pen)},
-        finish=lambda s, m, logged: {
-            "reward/overlong_penalty_mean": s["pen"] / s["n"],
-            "reward/overlong_penalized_frac": s["hit"] / s["n"],
-        },
-    )
-    return [x - p for x, p in zip(rewards, pen, strict=True)], [part]
+    meter.mean("reward/overlong_penalty_mean", sum(pen), per=len(pen))
+    meter.mean("reward/overlong_penalized_frac", sum(p > 0 for p in pen), per=len(pen))
+    return [x - p for x, p in zip(rewards, pen, strict=True)]
 
 
 def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
@@ -331,26 +328,17 @@ def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
 
 
 def step_metrics(
-    run: Run,
-    step: int,
-    batch: StepBatch,
-    scores: Scores,
-    learned: Learned,
-    timer: PhaseTimer,
-    ready: dict[str, float],
-    extra: list[Part] = (),
+    run: Run, meter: Meter, step: int, batch: StepBatch, scores: Scores, learned: Learned, timer: PhaseTimer
 ) -> dict[str, float]:
-    """The one assembly site of a step's metrics: every producer's Part (base/parts.py), reduced together once.
-    `ready`: values already agreed or one engine's own (the probes' own reductions, the backend's, the queue's);
-    `extra`: the reward shaping's Parts."""
-    ro, stats = batch.rollouts, learned.stats
-    parts = [step_part(ro, scores, learned.advantages, batch.group_size, stats, timer, learned.lr), *extra]
+    """The step's metrics: the step's own, the episodes', the weight guard's and the skip counters join what the
+    phases metered, then the one reduction over ranks (collective). Call it after the step's last timed phase."""
+    ro = batch.rollouts
+    measure_step(meter, ro, scores, timer)
     if learned.ran:  # a step skipped for a non-finite reward trained on nothing: no episode or guard judgement
-        episodes = episode_part(ro, stats.turn_logp_diff, run.task)
-        parts += [episodes] if episodes is not None else []
-        parts.append(run.weights.part(step, ro.policy_version))  # after the step's Part: reads its canary
-    parts += [Part(ready=ready), Part(ready=run.skips.record(step + 1, stats.skipped))]
-    return assemble(parts, run.info.device)
+        measure_episodes(meter, ro, run.task)
+        run.weights.measure(meter, step, ro.policy_version)  # reads the update's canary after the reduction
+    meter.ready(run.skips.record(step + 1, learned.skipped))
+    return meter.reduce(run.info.device)
 
 
 def maybe_eval(run: Run, step: int) -> dict[str, float]:

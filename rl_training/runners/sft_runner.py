@@ -31,7 +31,8 @@ from rl_training.config.schema import ConfigError, OptimCfg
 from rl_training.data.gold import encode_gold_episodes
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
-from rl_training.metrics.step import MetricsLogger, peak_memory
+from rl_training.metrics.logger import MetricsLogger
+from rl_training.metrics.step import peak_memory
 from rl_training.policy.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
@@ -40,9 +41,9 @@ from rl_training.runtime.platform_check import require_working_cuda
 from rl_training.runtime.seeding import seed_all, set_cpu_threads
 from rl_training.tasks.base import Environment
 from rl_training.tasks.build import build_task
+from rl_training.train.batches import takes_logits_to_keep
 from rl_training.train.optimizer import build_optimizer
 from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
-from rl_training.train.update import takes_logits_to_keep
 
 
 def encode_pairs(examples, data_cfg, tokenizer, task) -> list[tuple[list[int], list[int]]]:
@@ -76,7 +77,7 @@ TRIM_HEAD_VOCAB = 4096  # answer_loss trims the LM head from this vocabulary siz
 def answer_loss(model, ids: torch.Tensor, attn: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the labelled tokens (transformers' causal-LM loss), with the LM head run
     only from the earliest labelled position's predecessor on (logits_to_keep): prompt positions carry no loss,
-    and with a 49k vocabulary their logits were most of a short answer's step (train/update.py forward_logits).
+    and with a 49k vocabulary their logits were most of a short answer's step (train/batches.py forward_logits).
     Below TRIM_HEAD_VOCAB tokens the head costs little and the model's own loss runs, on the full logits: that keeps
     the tiny model's warm starts bit for bit, which the search demo's stage 1 depends on (docs/search.md)."""
     if model.config.get_text_config().vocab_size < TRIM_HEAD_VOCAB:

@@ -202,9 +202,9 @@ class Environment(Task):
         return [self.step(s, t) for s, t in zip(states, turns, strict=True)]
 
     def call_stats(self) -> Any:
-        """A fresh accumulator for one generate call's resource counters (None: none); its `metrics()` returns a
-        dict of logged keys, summed over ranks except those its `max_keys` names (the slowest rank's: latencies).
-        Its keys must not depend on the batch (metrics/episode.py)."""
+        """A fresh accumulator for one generate call's resource counters (None: none); its `measure(meter)` writes
+        them into the step's meter (base/meter.py) under their logged names: meter.add for counts, meter.max for
+        the slowest rank's (latencies). The names must not depend on the batch (every rank meters the same)."""
         return None
 
     def episode_metrics(self, sums: dict[str, float]) -> dict[str, float]:

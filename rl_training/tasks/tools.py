@@ -200,13 +200,13 @@ class ToolStats:
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_CLASSES, 0))
     truncated: int = 0
 
-    def metrics(self) -> dict[str, float]:
-        return {
-            "tool/calls": float(self.calls),
-            **{f"tool/errors_{k}": float(v) for k, v in self.errors.items()},
-            "tool/timeouts": float(self.errors["timeout"]),
-            "tool/truncated": float(self.truncated),
-        }
+    def measure(self, meter) -> None:
+        """Into the step's meter (base/meter.py)."""
+        meter.add("tool/calls", self.calls)
+        for k, v in self.errors.items():
+            meter.add(f"tool/errors_{k}", v)
+        meter.add("tool/timeouts", self.errors["timeout"])
+        meter.add("tool/truncated", self.truncated)
 
 
 @dataclass

@@ -29,7 +29,7 @@ import math
 
 from rl_training.base.errors import UserError
 from rl_training.base.exit_codes import WEIGHT_STATE_EXIT_CODE
-from rl_training.base.parts import Part
+from rl_training.base.meter import Meter
 
 # Per model.dtype, for every backend (hf, vllm, server): the largest healthy rollout/logp_diff_mean, with a
 # wide margin. What they were set from (scripts/bench_canary.py prints the table; docs/rollout.md keeps it):
@@ -37,6 +37,10 @@ from rl_training.base.parts import Part
 # lr 1e-2 on the tiny model: ~1e-2 and growing. bfloat16: the GPU tests hold healthy steps of the tiny model
 # to < 2e-2 (tests/integration/test_gpu.py); 5e-2 leaves 2.5x, to be revised with the H100's measurements.
 DEFAULT_MAX_LOGP_DIFF = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+
+
+# how far the batch's oldest policy version lies behind its step, and its newest ahead (maxed over ranks, unlogged)
+LAG_LOW, LAG_HIGH = "guard/version_lag_low", "guard/version_lag_high"
 
 
 class WeightStateError(UserError, RuntimeError):
@@ -64,17 +68,19 @@ class WeightGuard:
         self.recent: list[float] = list(state.get("recent", []))  # the streak's canary values, for the message
         self.bad_version = ""  # set on the step a policy version falls outside [t - K, t]
 
-    def part(self, step: int, policy_versions: list[int] | None) -> Part:
-        """Batch `step` (0-based) judged as a Part of the step's metrics (base/parts.py): the versions that sampled
-        it are maxed over ranks, the canary is the step's rollout/logp_diff_mean (logged before this Part; absent
-        when no rank trained a token, every group skipped: then the canary streak is left as it was, neither reset
-        nor extended); finishing it updates the guard and logs the guard/* metrics."""
+    def measure(self, meter: Meter, step: int, policy_versions: list[int] | None) -> None:
+        """Batch `step` (0-based) judged from the step's meter (base/meter.py): the versions that sampled it are
+        maxed over ranks, the canary is the step's rollout/logp_diff_mean (metered by the update; absent when no
+        rank trained a token: then the canary streak is left as it was, neither reset nor extended); after the
+        reduction the guard updates and logs the guard/* metrics."""
         lo, hi = (min(policy_versions), max(policy_versions)) if policy_versions else (step, step)
-
-        def finish(sums: dict, flags: dict, logged: dict) -> dict[str, float]:
-            return self._judge(step, flags, logged.get("rollout/logp_diff_mean"))
-
-        return Part(maxes={"low": float(step - lo), "high": float(hi - step)}, finish=finish)
+        meter.max(LAG_LOW, float(step - lo), log=False)
+        meter.max(LAG_HIGH, float(hi - step), log=False)
+        meter.then(
+            lambda logged, totals: self._judge(
+                step, {"low": totals[LAG_LOW], "high": totals[LAG_HIGH]}, logged.get("rollout/logp_diff_mean")
+            )
+        )
 
     def _judge(self, step: int, flags: dict[str, float], canary: float | None) -> dict[str, float]:
         if flags["low"] > self.k or flags["high"] > 0:

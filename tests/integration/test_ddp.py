@@ -74,7 +74,8 @@ def test_t3_two_rank_raw_estimates_match_single_process(tiny_model, tmp_path, dr
 def single_process_probes(model, ro, adv):
     from rl_training.algs.objectives import StepNorm
     from rl_training.probes.probe import StepProbes
-    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.train.batches import make_micro_batches
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
     from tests.helpers import G
 
     params = trainable_parameters(model)

@@ -29,10 +29,10 @@ ZERO = Objective("zero", "-", DR.baseline, DR.scale, zero_surrogate, DR.aggregat
 
 
 class ZeroAll(Correction):
-    counts = {"zeroed": "tokens"}
+    counts = {"is/zeroed_frac": "tokens"}
 
     def __call__(self, logp, rollout_logp, mask):
-        return CorrectionOut(0.0 * mask, {"zeroed": mask.sum()})
+        return CorrectionOut(0.0 * mask, {"is/zeroed_frac": mask.sum()})
 
 
 def plain_hf(ctx):

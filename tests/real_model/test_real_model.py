@@ -17,7 +17,7 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner, sft_runner
 from rl_training.tasks.build import build_task
-from rl_training.train.update import make_micro_batches
+from rl_training.train.batches import make_micro_batches
 from tests.helpers import REAL_RL_CFG as RL_CFG
 from tests.helpers import perturb_adapter
 

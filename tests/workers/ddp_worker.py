@@ -33,7 +33,8 @@ def probes_worker(rank: int, world: int, port: int, out: str, model_dir: str, dr
     from rl_training.base import dist
     from rl_training.policy.models import trainable_parameters
     from rl_training.probes.probe import StepProbes
-    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.train.batches import make_micro_batches
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
     from tests.helpers import G, lora_policy, subset
 
     info = _init(rank, world, port)

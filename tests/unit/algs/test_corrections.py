@@ -27,7 +27,7 @@ def test_tis_weights_are_min_rho_cap_and_count_the_truncated():
                           [[1, 1, 1, 0], [1, 1, 0, 0]])  # fmt: skip
     out = TruncatedIS(cap=1.5)(logp, rlogp, m)
     torch.testing.assert_close(out.weights, torch.tensor([[1.5, 0.5, 1.0, 0.0], [1.5, 1.5, 0.0, 0.0]], dtype=D))
-    assert out.counts["trunc"].item() == 2  # 1.5 itself is not above the cap
+    assert out.counts["is/trunc_frac"].item() == 2  # 1.5 itself is not above the cap
 
 
 def test_tis_is_bit_identical_to_the_formula_it_replaced():
@@ -43,7 +43,7 @@ def test_tis_is_bit_identical_to_the_formula_it_replaced():
         old = torch.clamp(torch.exp(logp - rollout), max=cap) * mask
         rho = torch.where(mask.bool(), (logp - rollout).exp(), 0.0)
         assert torch.equal(out.weights, old)
-        assert out.counts["trunc"].item() == (rho > cap).sum().item()
+        assert out.counts["is/trunc_frac"].item() == (rho > cap).sum().item()
 
 
 def test_token_mask_zeroes_tokens_outside_the_band():
@@ -52,7 +52,7 @@ def test_token_mask_zeroes_tokens_outside_the_band():
                           [[1, 1, 1, 1, 1, 0]])  # fmt: skip
     out = TokenMask(low=0.5, high=2.0)(logp, rlogp, m)
     assert out.weights.tolist() == [[0.0, 1.0, 1.0, 0.0, 1.0, 0.0]]
-    assert out.counts["masked_low"].item() == 1 and out.counts["masked_high"].item() == 1
+    assert out.counts["is/masked_low_frac"].item() == 1 and out.counts["is/masked_high_frac"].item() == 1
 
 
 def test_sequence_geo_mask_uses_the_geometric_mean_of_each_sequence():
@@ -66,7 +66,7 @@ def test_sequence_geo_mask_uses_the_geometric_mean_of_each_sequence():
     )
     out = SequenceGeoMask(low=0.99, high=1.01)(logp, rlogp, m)
     assert out.weights.tolist() == [[0, 0, 0], [1, 1, 1], [0, 0, 0], [0, 0, 0]]
-    assert out.counts["masked_seqs"].item() == 2 and out.counts["masked"].item() == 3
+    assert out.counts["is/masked_seqs_frac"].item() == 2 and out.counts["is/masked_frac"].item() == 3
 
 
 @pytest.mark.parametrize("name", sorted(CORRECTIONS))

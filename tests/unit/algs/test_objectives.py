@@ -21,12 +21,13 @@ from rl_training.algs.objectives import (
     leave_one_out_advantages,
     policy_loss,
 )
-from rl_training.base.parts import assemble
+from rl_training.base.meter import Meter
 from rl_training.base.timer import PhaseTimer
-from rl_training.metrics.step import step_part
+from rl_training.metrics.step import measure_step
 from rl_training.runners import rl_runner
 from rl_training.tasks.base import Scores
-from rl_training.train.update import TrainStats, make_micro_batches, step_advantages
+from rl_training.train.batches import make_micro_batches
+from rl_training.train.learner import step_advantages
 from tests.helpers import REPO, fake_rollouts, grads_after, lora_policy
 
 D = torch.float64
@@ -267,11 +268,10 @@ def test_equal_float32_rewards_give_exactly_zero_advantages(name):
     ro = fake_rollouts(8)  # 16 sequences, regrouped here as 2 groups of 8
     assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, True)] == [[1]]
     assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, False)] == [[0, 1]]
-    # The logged fraction counts it: 1 of 2 groups.
-    scores = Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
-    m = assemble([step_part(ro, scores, adv, 8, TrainStats(epochs=1), PhaseTimer(), 1e-4)], cpu)
-    assert m["rollout/zero_adv_group_frac"] == 0.5
-    assert not any(k.startswith("reward/") for k in m)  # a task without parts or counts logs none
+    # (the learner logs the fraction: 1 of 2 groups, tests/unit/train/test_learner.py)
+    meter, scores = Meter(), Scores(r.tolist(), [False] * 16, [True] * 16, 0, 0, 0)
+    measure_step(meter, ro, scores, PhaseTimer())
+    assert not any(k.startswith("reward/") for k in meter.reduce(cpu))  # a task without parts or counts logs none
 
 
 def test_task_reward_parts_and_counts_are_logged():
@@ -279,10 +279,11 @@ def test_task_reward_parts_and_counts_are_logged():
     # per-step sum (1 rank here): reward/fail_timeout = 3.
     cpu = torch.device("cpu")
     ro = fake_rollouts(2)  # 4 sequences (G = 2)
-    adv = torch.zeros(4, dtype=torch.float64)
     scores = Scores([1.0, 0.0, 0.0, 0.0], [True] + [False] * 3, [True] * 4, 0, 0, 0)
     scores.parts, scores.counts = {"pass_frac": [1.0, 0.5, 0.0, 0.5]}, {"fail_timeout": 3.0}
-    m = assemble([step_part(ro, scores, adv, 2, TrainStats(epochs=1), PhaseTimer(), 1e-4)], cpu)
+    meter = Meter()
+    measure_step(meter, ro, scores, PhaseTimer())
+    m = meter.reduce(cpu)
     assert m["reward/pass_frac_mean"] == 0.5 and m["reward/fail_timeout"] == 3.0
 
 

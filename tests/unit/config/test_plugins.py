@@ -17,7 +17,7 @@ from rl_training.config.resolve import resolve
 from rl_training.config.schema import ConfigError
 from rl_training.rollout.factory import build_backend, versioned
 from rl_training.rollout.hf import HFBackend
-from rl_training.train.update import UpdateHParams
+from rl_training.train.learner import UpdateHParams
 
 HELPER = """
 SCALE = 3.0
@@ -45,13 +45,13 @@ def scaled(factor: float = 1.0):
 
 class Halve(Correction):
     name = "halve"
-    counts = {"halved": "tokens"}
+    counts = {"is/halved_frac": "tokens"}
 
     def __init__(self, by: float = 2.0):
         self.by = by
 
     def __call__(self, logp, rollout_logp, mask):
-        return CorrectionOut(mask / self.by, {"halved": mask.sum()})
+        return CorrectionOut(mask / self.by, {"is/halved_frac": mask.sum()})
 
 
 def counting_hf(ctx, label: str = "x"):

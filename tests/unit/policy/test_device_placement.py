@@ -14,7 +14,10 @@ import torch
 
 from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, StepNorm
-from rl_training.train.update import DeviceStats, UpdateHParams, make_micro_batches, step_advantages, train_on_rollouts
+from rl_training.base.meter import Meter
+from rl_training.train import learner
+from rl_training.train.batches import make_micro_batches
+from rl_training.train.learner import UpdateHParams, step_advantages, train_on_rollouts
 from tests.helpers import G, fake_rollouts
 
 DEVICE = torch.device("meta")
@@ -51,12 +54,10 @@ def test_update_runs_on_a_non_cpu_device_without_host_syncs(monkeypatch, objecti
         kl_coef=0.1,
         correction=TruncatedIS(2.0),
     )
-    copied: list[torch.Tensor] = []
     decided: list[torch.device] = []
-    # The update's host reads are where a real run syncs: the non-finite decision once per optimizer step and the
-    # one copy of the stats (DeviceStats.to_stats); record the devices they read.
-    monkeypatch.setattr(DeviceStats, "to_stats", lambda self: copied.extend(self.v.values()))
-    monkeypatch.setattr(DeviceStats, "nonfinite", lambda self, norm: decided.append(norm.device) or ())
+    # The update's host reads are where a real run syncs: the non-finite decision once per optimizer step (record
+    # the device it reads) and the meter's one copy of the step's numbers (Meter.reduce, after the update).
+    monkeypatch.setattr(learner, "nonfinite", lambda loss, norm: decided.append(norm.device) or ())
     model = TinyLM(DEVICE)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-3)
@@ -64,9 +65,14 @@ def test_update_runs_on_a_non_cpu_device_without_host_syncs(monkeypatch, objecti
     adv = step_advantages(o, rewards, G, DEVICE)
     mbs = make_micro_batches(ro, adv, G, 2, 0, DEVICE)
     assert all(t.device == DEVICE for mb in mbs for t in (mb.input_ids, mb.mask, mb.advantages, mb.rollout_logp))
-    train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
+    meter = Meter()
+    train_on_rollouts(model, opt, sched, params, mbs, hp, norm, meter=meter)
     assert all(p.grad.device == DEVICE for p in params)
-    assert copied and all(t.device == DEVICE for t in copied)
+    metered = [*meter.sums.values(), *meter.maxes.values(), *(t for ts in meter.kept.values() for t in ts)]
+    tensors = [v for v in metered if isinstance(v, torch.Tensor)]
+    # every measured number stays where it was computed (the Python ones are counts: a per=1, a sequence count)
+    assert len(tensors) > 10 and all(t.device == DEVICE for t in tensors)
+    assert {"train/entropy", "train/kl", "is/trunc_frac", "rollout/logp_diff_mean"} <= set(meter.kinds)
     assert decided == [DEVICE, DEVICE]  # inner_epochs=2: one decision per optimizer step
 
 

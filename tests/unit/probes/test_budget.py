@@ -17,7 +17,8 @@ from rl_training.probes.advisor import SplitCosts, best_k, group_waste, waste_fr
 from rl_training.probes.budget import K_MAX, RolloutBudget, StepWork, split_seconds
 from rl_training.probes.capture import LoraUnitCapture
 from rl_training.probes.probe import StepProbes
-from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.train.batches import make_micro_batches
+from rl_training.train.learner import UpdateHParams, train_on_rollouts
 from tests.helpers import G, backward, fake_rollouts, flat_grad, lora_policy, one_micro_batch
 
 N_GROUPS = 4

@@ -16,7 +16,8 @@ from rl_training.probes import probe as probe_module
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.gns import SmallBatchSums, two_batch_estimate
 from rl_training.probes.probe import StepProbes
-from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+from rl_training.train.batches import make_micro_batches
+from rl_training.train.learner import UpdateHParams, train_on_rollouts
 from tests.helpers import G, backward, flat_grad, one_micro_batch, probe_step
 
 N_GROUPS = 4
@@ -232,7 +233,7 @@ def test_dropping_zero_advantage_groups_leaves_the_advantage_ess_unchanged(setup
 
 def test_step_with_nothing_observed_raises_no_ess_alert_and_keeps_the_history(setup):
     # A step whose probes observed no micro-batch (a rank without rollouts; a step whose groups are all skipped
-    # keeps one for the canary, update.py make_micro_batches, so that is rarer now): nothing was weighted, token
+    # keeps one for the canary, train/batches.py make_micro_batches, so that is rarer now): nothing was weighted, token
     # ESS undefined (ess/defined = 0, ESS 0 by the E3 convention). That is no "critical" mismatch, and no 0 may
     # enter the drop rule's history.
     model, ro, adv, norm = setup

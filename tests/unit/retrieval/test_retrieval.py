@@ -31,7 +31,7 @@ from rl_training.retrieval.retriever import (
     load_corpus,
 )
 from rl_training.retrieval.server import listen, make_app
-from tests.helpers import REPO
+from tests.helpers import REPO, metered
 
 DOCS = [
     {"id": "0", "contents": '"Paris"\nParis is the capital of France.'},
@@ -147,14 +147,14 @@ def test_null_retriever_and_stats():
     for i in range(18):
         st.add(RetrievalResult([[]], [None], latency_s=0.001 * (i + 1)))
     # 20 latencies 0, 1..18 ms, 500 ms; nearest rank: p50 = 10th smallest = 9 ms, p95 = 19th = 18 ms
-    assert st.metrics() == {
+    assert metered(st) == {
         "retrieval/queries": 23.0,
         "retrieval/failed": 3.0,
         "retrieval/retries": 4.0,
         "retrieval/latency_p50_ms": pytest.approx(9.0),
         "retrieval/latency_p95_ms": pytest.approx(18.0),
     }
-    assert RetrievalStats().metrics()["retrieval/latency_p95_ms"] == 0.0
+    assert metered(RetrievalStats())["retrieval/latency_p95_ms"] == 0.0
 
 
 # ------------------------------------------------------------------------------------- server and client

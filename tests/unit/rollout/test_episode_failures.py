@@ -145,14 +145,17 @@ def test_a_step_the_engine_cannot_use_ends_its_episode_counted(case):
 def test_episode_metrics_count_each_kind():
     import torch
 
-    from rl_training.base.parts import assemble
-    from rl_training.metrics.episode import episode_part
+    from rl_training.base.meter import Meter
+    from rl_training.metrics.episode import measure_episodes
 
-    ro = run(Flaky("step"))
-    ro2 = run(Returns(Step([999])))
-    m = assemble([episode_part(ro, {}, Flaky("step"))], torch.device("cpu"))
+    def metered(ro, env):
+        meter = Meter()
+        measure_episodes(meter, ro, env)
+        return meter.reduce(torch.device("cpu"))
+
+    m = metered(run(Flaky("step")), Flaky("step"))
     assert (m["rollout/env_errors"], m["rollout/env_invalid"]) == (1.0, 0.0)
-    m2 = assemble([episode_part(ro2, {}, Returns(None))], torch.device("cpu"))
+    m2 = metered(run(Returns(Step([999]))), Returns(None))
     assert (m2["rollout/env_errors"], m2["rollout/env_invalid"]) == (0.0, 3.0)
 
 

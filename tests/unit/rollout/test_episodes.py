@@ -198,9 +198,9 @@ def test_hf_backend_runs_episodes(tiny_model):
 
 def test_episode_metrics_values():
     """Two episodes: (2 turns, 1 search, answered, 30 observation tokens) and (3 turns, 1 invalid, truncated by
-    turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8; per-turn canary turn 1: 0.2 / 4 tokens."""
-    from rl_training.base.parts import assemble
-    from rl_training.metrics.episode import episode_part
+    turns, 10 observation tokens). turns 5, valid 5 - 1 = 4 -> 0.8. (The per-turn canary is the update's.)"""
+    from rl_training.base.meter import Meter
+    from rl_training.metrics.episode import measure_episodes
     from rl_training.retrieval.retriever import RetrievalStats
     from rl_training.rollout.base import Rollouts
 
@@ -213,18 +213,19 @@ def test_episode_metrics_values():
         episodes=[{**e1, "truncated": "", "error": ""}, {**e2, "truncated": "turns", "error": ""}], env_stats=stats,
     )  # fmt: skip
     env = SearchTask(SearchCfg())
-    m = assemble([episode_part(ro, {1: (0.2, 4.0), 2: (0.1, 4.0)}, env)], torch_device())
+    meter = Meter()
+    measure_episodes(meter, ro, env)
+    m = meter.reduce(torch_device())
     assert m["rollout/turns_mean"] == 2.5 and m["rollout/searches_mean"] == 0.5
     assert m["rollout/valid_action_rate"] == 0.8 and m["rollout/answer_rate"] == 0.5
     assert m["rollout/truncated_turns_rate"] == 0.5 and m["rollout/truncated_tokens_rate"] == 0.0
     assert m["rollout/obs_tokens_mean"] == 20.0 and m["rollout/obs_capped"] == 1.0
     assert m["rollout/trainable_tokens_mean"] == 3.5  # (4 + 3) / 2
     assert m["rollout/env_errors"] == 0.0 and m["rollout/env_invalid"] == 0.0
-    assert m["rollout/logp_diff_turn1"] == pytest.approx(0.05) and m["rollout/logp_diff_turn2"] == pytest.approx(0.025)
-    assert "rollout/logp_diff_turn3" not in m
     assert m["retrieval/queries"] == 1.0 and m["retrieval/latency_p50_ms"] == pytest.approx(2.0)
-    single = Rollouts([[1]], [[5]], [[0.0]], [False], [""])
-    assert episode_part(single, {}, env) is None  # single-turn: no Part
+    single, meter = Rollouts([[1]], [[5]], [[0.0]], [False], [""]), Meter()
+    measure_episodes(meter, single, env)
+    assert meter.reduce(torch_device()) == {}  # single-turn: nothing metered
 
 
 def torch_device():

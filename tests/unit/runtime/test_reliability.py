@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from rl_training.config.load import load_config
 from rl_training.config.schema import ConfigError
-from rl_training.metrics.step import MetricsLogger, MetricsWriteError
+from rl_training.metrics.logger import MetricsLogger, MetricsWriteError
 from rl_training.runtime import lock as run_lock
 from rl_training.runtime.lock import RunLock, RunLockError
 from rl_training.train.step_guard import nonfinite_agreed
@@ -185,7 +185,8 @@ def _update(model, poison: bool, max_grad_norm: float = 1.0):
     """One AdamW update of the tiny LoRA policy on fake rollouts; `poison` turns this rank's gradient to NaN."""
     from rl_training.algs.objectives import StepNorm
     from rl_training.policy.models import trainable_parameters
-    from rl_training.train.update import UpdateHParams, make_micro_batches, train_on_rollouts
+    from rl_training.train.batches import make_micro_batches
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
 
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=1e-2)
@@ -198,22 +199,22 @@ def _update(model, poison: bool, max_grad_norm: float = 1.0):
     before = [p.detach().clone() for p in params]
     moments = [opt.state[p]["exp_avg"].clone() for p in params]
     hook = params[0].register_hook(lambda g: g * float("nan")) if poison else None
-    stats = train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
+    skipped = train_on_rollouts(model, opt, sched, params, mbs, hp, norm)
     if hook is not None:
         hook.remove()
     unchanged = all(torch.equal(a, p) for a, p in zip(before, params)) and all(
         torch.equal(m, opt.state[p]["exp_avg"]) for m, p in zip(moments, params)
     )
     steps = {int(opt.state[p]["step"]) for p in params}
-    return stats, unchanged, steps, sched.last_epoch, torch.cat([p.detach().reshape(-1) for p in params])
+    return skipped, unchanged, steps, sched.last_epoch, torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def test_poisoned_gradient_skips_the_step_and_leaves_adapter_and_adamw_alone(tiny_model):
-    stats, unchanged, steps, last_epoch, _ = _update(lora_policy(tiny_model), poison=True)
-    assert stats.skipped == ("grad_norm",)
+    skipped, unchanged, steps, last_epoch, _ = _update(lora_policy(tiny_model), poison=True)
+    assert skipped == ("grad_norm",)
     assert unchanged and steps == {1} and last_epoch == 1  # the good step only: AdamW step 1, scheduler 1
-    stats, unchanged, steps, last_epoch, _ = _update(lora_policy(tiny_model), poison=False)
-    assert stats.skipped == () and not unchanged and steps == {2} and last_epoch == 2  # the control moves
+    skipped, unchanged, steps, last_epoch, _ = _update(lora_policy(tiny_model), poison=False)
+    assert skipped == () and not unchanged and steps == {2} and last_epoch == 2  # the control moves
 
 
 def _two_rank_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
@@ -222,9 +223,9 @@ def _two_rank_worker(rank: int, world: int, port: int, model_dir: str, out: str)
     torch.set_num_threads(1)
     try:
         reward = nonfinite_agreed({"reward": float("nan") if rank == 1 else 0.5}, torch.device("cpu"))
-        stats, unchanged, steps, last_epoch, flat = _update(lora_policy(Path(model_dir)), poison=rank == 1)
+        skipped, unchanged, steps, last_epoch, flat = _update(lora_policy(Path(model_dir)), poison=rank == 1)
         torch.save(
-            {"reward": reward, "skipped": stats.skipped, "unchanged": unchanged, "steps": steps, "epoch": last_epoch,
+            {"reward": reward, "skipped": skipped, "unchanged": unchanged, "steps": steps, "epoch": last_epoch,
              "flat": flat},
             Path(out) / f"rank{rank}.pt",
         )  # fmt: skip

@@ -20,7 +20,7 @@ from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import TaskContext, Turn
 from rl_training.tasks.build import make_task
 from rl_training.tasks.python_tool import NO_OUTPUT, PERSIST_NOTE, PythonToolEnvironment
-from tests.helpers import require_debian_packages
+from tests.helpers import metered, require_debian_packages
 
 IM_START, IM_END = 258, 259  # the chat variant's special ids (tiny_model.py)
 TOOL_TURN = "\n<|im_start|>user\n<tool_response>\n{}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -88,7 +88,7 @@ def test_a_print_comes_back_and_state_persists_within_an_episode_never_across(ct
     out, _ = run(env, tok, [a], [py("y = 1\n1/0") + py("print(x, 'y' in globals())")], stats)
     assert out[0][0].endswith("ZeroDivisionError: division by zero\n") and out[0][1] == "42 False\n"
     assert a.cells == ["x = 6 * 7\nprint(x)", "print(x + 1)", "print(x, 'y' in globals())"] and b.cells == []
-    m = stats.metrics()
+    m = metered(stats)
     assert (m["tool/calls"], m["tool/errors_raised"], m["tool/errors_timeout"]) == (5.0, 2.0, 0.0)
     # a fresh episode starts from nothing, whatever the worker ran before
     assert run(env, tok, [env.reset(Example("q", "1"))], [py("print(sorted(k for k in globals() if k[0] != '_'))")])[
@@ -125,7 +125,7 @@ def test_an_endless_loop_times_out_counted_and_the_episode_goes_on(ctx, tok):
     assert time.perf_counter() - t0 < 3.0
     assert results(tok, step) == ["error: python timed out after 1 s"]
     assert step.counts == {"tool_calls": 1, "tool_errors": 1, "used_tools": 1.0} and not step.done
-    m = stats.metrics()
+    m = metered(stats)
     assert (m["tool/errors_timeout"], m["tool/timeouts"], m["tool/calls"]) == (1.0, 1.0, 1.0)
     out, _ = run(env, tok, [ep], [py("print('x' in globals())")], stats)
     assert out == [["False\n"]] and ep.cells == ["print('x' in globals())"]  # the timed-out cell is not kept
@@ -168,7 +168,7 @@ def test_hostile_programs_get_an_error_result_and_the_run_goes_on(ctx, tok, name
     ep = env.reset(Example("q", "1"))
     out, stats = run(env, tok, [ep], [py(code)])
     assert out[0][0].rstrip("\n").split("\n")[-1] == last
-    m = stats.metrics()
+    m = metered(stats)
     assert m[f"tool/errors_{cls}"] == 1.0 and sum(v for k, v in m.items() if k.startswith("tool/errors_")) == 1.0
     assert run(env, tok, [ep], [py("print(6 * 7)")], stats)[0] == [["42\n"]]  # the same episode, the next call
 

@@ -170,12 +170,16 @@ def lower(pid, name):
     which = getattr(resource, name)
     resource.prlimit(pid, which, (12345, resource.prlimit(pid, which)[1]))
 
+def nicer(which, who):
+    return min(19, os.getpriority(which, who) + 1)
+
 def ok(rc):
     if rc < 0:
         raise OSError(ctypes.get_errno(), "")
 
 for who, pid in (("parent", os.getppid()), ("pid1", 1)):
-    plant(who + "_nice", lambda: os.setpriority(os.PRIO_PROCESS, pid, 7))
+    # one step nicer than now: a process may raise its nice value, not lower it (under `nice -n 10` a 7 was refused)
+    plant(who + "_nice", lambda: os.setpriority(os.PRIO_PROCESS, pid, nicer(os.PRIO_PROCESS, pid)))
     for n in ("RLIMIT_STACK", "RLIMIT_MSGQUEUE", "RLIMIT_SIGPENDING", "RLIMIT_MEMLOCK", "RLIMIT_NOFILE"):
         plant(who + "_" + n, lambda: lower(pid, n))
     plant(who + "_affinity", lambda: os.sched_setaffinity(pid, {min(os.sched_getaffinity(pid))}))
@@ -191,8 +195,8 @@ def poke(pid):  # bwrap's own pid 1 was dumpable: the program (same uid) could w
 plant("pid1_memory", lambda: poke(1))
 plant("parent_memory", lambda: poke(os.getppid()))  # the template is not dumpable
 plant("autogroup_nice", lambda: write("/proc/self/autogroup", "17"))
-plant("pgrp_nice", lambda: os.setpriority(os.PRIO_PGRP, 0, 7))
-plant("user_nice", lambda: os.setpriority(os.PRIO_USER, os.getuid(), 7))
+plant("pgrp_nice", lambda: os.setpriority(os.PRIO_PGRP, 0, nicer(os.PRIO_PGRP, 0)))
+plant("user_nice", lambda: os.setpriority(os.PRIO_USER, os.getuid(), 19))
 plant("hostname", lambda: socket.sethostname(SECRET[:20]))
 for p in SYSCTL:
     plant("sysctl_" + p, lambda: write("/proc/sys/" + p, "1" if p.endswith("rmid_forced") else "4242"))

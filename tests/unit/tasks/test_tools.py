@@ -18,6 +18,7 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.episodes import EpisodeSpec, TurnSample, run_episodes
 from rl_training.tasks.base import Environment, Step, Turn
 from rl_training.tasks.tools import ToolEnvironment, ToolTemplateError, argument_problem, final_text, parse_tool_calls
+from tests.helpers import metered
 from tests.tool_fns import boom, calculator, echo, raw, sleepy
 
 IM_START, IM_END, PAD, EOS = 258, 259, 0, 1  # the chat variant's special ids (tiny_model.py)
@@ -146,7 +147,7 @@ def test_each_error_class_is_an_observation_with_its_count(tok, cls):
     assert not step.done and message in tok.decode(step.observation)
     calls = 3 if cls == "too_many" else 1  # too_many: calls 1 and 2 run (1 + 2 = 3), call 3 is refused
     assert step.counts == {"tool_calls": calls, "tool_errors": 1, "used_tools": 1.0}
-    m = stats.metrics()
+    m = metered(stats)
     assert m["tool/calls"] == calls and m[f"tool/errors_{cls}"] == 1.0
     assert sum(v for k, v in m.items() if k.startswith("tool/errors_")) == 1.0
     assert m["tool/timeouts"] == float(cls == "timeout") and len(step.observation) <= env.max_obs_tokens
@@ -165,7 +166,7 @@ def test_empty_results_answers_a_good_call_with_nothing_and_never_runs_the_tool(
     expect = env.fmt.tool_turn(["", "error: calculator: missing a required argument: 'b'"], turn.ids)
     assert step.observation == expect and "hello" not in tok.decode(step.observation)
     assert step.counts == {"tool_calls": 2, "tool_errors": 1, "used_tools": 1.0}
-    assert stats.metrics()["tool/errors_arguments"] == 1.0
+    assert metered(stats)["tool/errors_arguments"] == 1.0
     plain = env_for(tok)  # the default runs the tool: its result is there
     assert "hello" in tok.decode(
         plain.step_batch([plain.reset(Example("q", "a"))], [turn], plain.call_stats())[0].observation
@@ -373,4 +374,4 @@ def test_two_call_episode_is_the_templates_rendering_with_exact_token_accounting
         "truncated": "",
         "error": "",
     }
-    assert ro.env_stats.metrics()["tool/calls"] == 2.0 and ro.texts[0] == "".join(turns)
+    assert ro.env_stats.calls == 2 and ro.texts[0] == "".join(turns)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from rl_training.algs.common import token_logprobs
 from rl_training.rollout.base import Rollouts
+from rl_training.train.batches import forward_logits, make_micro_batches
 from rl_training.train.packing import ONE_ROW, pack_sequences
-from rl_training.train.update import forward_logits, make_micro_batches
 from tests.helpers import G, lora_policy
 
 CPU = torch.device("cpu")

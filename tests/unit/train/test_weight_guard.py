@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rl_training.base.exit_codes import WEIGHT_STATE_EXIT_CODE
-from rl_training.base.parts import Part, assemble
+from rl_training.base.meter import Meter
 from rl_training.config.load import load_config
 from rl_training.runtime.cli import exit_status_of
 from rl_training.train.weight_guard import DEFAULT_MAX_LOGP_DIFF, WeightGuard, WeightStateError, max_logp_diff
@@ -22,8 +22,12 @@ def guard(*overrides: str, state=None) -> WeightGuard:
 
 
 def observe(g: WeightGuard, step: int, canary: float, versions) -> dict[str, float]:
-    """The guard's Part assembled after a step Part that logged `canary` (as the runner's step does)."""
-    return assemble([Part(ready={"rollout/logp_diff_mean": canary}), g.part(step, versions)], CPU)
+    """The guard's judgement from a step's meter that holds `canary` (None: unmeasured), as the runner's step."""
+    meter = Meter()
+    if canary is not None:
+        meter.ready("rollout/logp_diff_mean", canary)
+    g.measure(meter, step, versions)
+    return meter.reduce(CPU)
 
 
 def feed(g: WeightGuard, canaries, versions=None, start: int = 0) -> list[float]:
@@ -113,7 +117,7 @@ def test_a_step_that_trained_no_token_leaves_the_canary_streak_alone():
     # neither resets nor extends it), and it still trips at 3.
     g = guard("rollout.canary_stop_steps=3")
     streaks = [feed(g, [1.0], start=0), feed(g, [1.0], start=1)]
-    unmeasured = assemble([Part(ready={}), g.part(2, None)], CPU)
+    unmeasured = observe(g, 2, None, None)
     assert unmeasured["guard/canary_streak"] == 2 and not g.tripped()
     streaks.append(feed(g, [1.0], start=3))
     assert streaks == [[1.0], [2.0], [3.0]] and g.tripped()

@@ -11,16 +11,12 @@ import torch
 from rl_training.algs.common import token_logprobs
 from rl_training.algs.corrections import TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
+from rl_training.base.meter import Meter
 from rl_training.policy.models import trainable_parameters
 from rl_training.rollout.base import Rollouts
-from rl_training.train.update import (
-    DeviceStats,
-    MicroBatch,
-    _rollout_canary,
-    forward_logits,
-    make_micro_batches,
-    step_advantages,
-)
+from rl_training.train.batches import MicroBatch, forward_logits, make_micro_batches
+from rl_training.train.canary import rollout_canary
+from rl_training.train.learner import correction_weights, step_advantages
 from tests.helpers import G, fake_rollouts, grads_after, lora_policy, with_observations
 
 CPU = torch.device("cpu")
@@ -139,14 +135,9 @@ def test_learner_skips_zero_advantage_groups_and_counts_their_tokens(policy):
     # The runner's path (Learner.learn, then the step's Part) with dropping on and off, same rewards: groups 0
     # and 2 of 4 have equal rewards (A = 0). One group per micro-batch, so the update is bit-identical (see
     # above), and train/skipped_token_frac is the trainable tokens of groups 0 and 2 over all 8 sequences'.
-    from rl_training.base.parts import assemble
-    from rl_training.base.timer import PhaseTimer
-    from rl_training.metrics.step import step_part
     from rl_training.probes.probe import NullProbes
     from rl_training.rollout.base import StepBatch
-    from rl_training.tasks.base import Scores
-    from rl_training.train.learner import Learner
-    from rl_training.train.update import UpdateHParams
+    from rl_training.train.learner import Learner, UpdateHParams
 
     ro = fake_rollouts(4, seed=1)
     rewards = [0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9]
@@ -160,10 +151,9 @@ def test_learner_skips_zero_advantage_groups_and_counts_their_tokens(policy):
                           hparams=UpdateHParams(max_grad_norm=0.0, kl_log_every=0), probes=NullProbes(),
                           device=torch.device("cpu"), seqs_per_rank=8, max_trainable_tokens=8, micro_batch_groups=1,
                           drop_zero_adv_groups=drop, pad_id=0, pack_row_tokens=None)  # fmt: skip
-        learned = learner.learn(batch, rewards, step=0)
-        scores = Scores(rewards, [False] * 8, [True] * 8)
-        part = step_part(ro, scores, learned.advantages, G, learned.stats, PhaseTimer(), learned.lr)
-        return torch.cat([p.grad.reshape(-1).clone() for p in params]), assemble([part], torch.device("cpu"))
+        meter = Meter()
+        learner.learn(batch, rewards, 0, meter)
+        return torch.cat([p.grad.reshape(-1).clone() for p in params]), meter.reduce(torch.device("cpu"))
 
     g_all, m_all = learn(False)
     g_drop, m_drop = learn(True)
@@ -189,7 +179,7 @@ def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):
     ro = fake_rollouts(2, seed=2)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
     _, stats = grads_after(policy, ro, adv, 2)
-    assert stats.clipped_tokens == 0.0  # ratio == 1 exactly in the first epoch
+    assert stats.logged["train/clip_frac"] == 0.0  # ratio == 1 exactly in the first epoch
     # The fake sampler log-probs are all -1.0: the canary measures |trainer logp + 1| per token.
     params = trainable_parameters(policy)
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
@@ -199,7 +189,7 @@ def test_epoch_zero_is_on_policy_and_canary_sees_sampler_logps(policy):
 
         lp = token_logprobs(logits, mbs[0].targets)
     m = mbs[0].mask.bool()
-    assert stats.logp_absdiff_sum == pytest.approx((lp[m] + 1.0).abs().sum().item(), rel=1e-9)
+    assert stats.totals["rollout/logp_diff_mean"] == pytest.approx((lp[m] + 1.0).abs().sum().item(), rel=1e-9)
     assert len(params) > 0
 
 
@@ -207,32 +197,31 @@ def test_inner_epochs_reuse_first_epoch_logprobs_as_old(policy):
     ro = fake_rollouts(2, seed=3)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
     g1, s1 = grads_after(policy, ro, adv, 2, epochs=1)
-    # lr 0: the weights never move, so epoch 2 sees ratio 1 again: same gradient, twice the summed loss.
+    # lr 0: the weights never move, so epoch 2 sees ratio 1 again: same gradient, twice the summed loss (the
+    # logged loss is its mean over epochs: the same).
     g2, s2 = grads_after(policy, ro, adv, 2, epochs=2)
     torch.testing.assert_close(g2, g1, rtol=1e-12, atol=0.0)
-    assert s2.loss == pytest.approx(2 * s1.loss, rel=1e-12) and s2.clipped_tokens == 0.0
+    assert s2.totals["train/loss"] == pytest.approx(2 * s1.totals["train/loss"], rel=1e-12)
+    assert s2.logged["train/loss"] == pytest.approx(s1.logged["train/loss"], rel=1e-12)
+    assert s2.logged["train/clip_frac"] == 0.0
     # A real step between epochs (SGD, large lr): epoch 2's ratio departs from 1 and the clip engages.
     params = trainable_parameters(policy)
     saved = [p.detach().clone() for p in params]
     opt = torch.optim.SGD(params, lr=50.0)
     from rl_training.algs.objectives import StepNorm
-    from rl_training.train.update import UpdateHParams, train_on_rollouts
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
 
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
     norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
-    stats = train_on_rollouts(
-        policy,
-        opt,
-        torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-        params,
-        mbs,
-        UpdateHParams(inner_epochs=2, max_grad_norm=0.0),
-        norm,
+    meter = Meter()
+    hp = UpdateHParams(inner_epochs=2, max_grad_norm=0.0)
+    train_on_rollouts(
+        policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs, hp, norm, meter=meter
     )
     with torch.no_grad():
         for p, v in zip(params, saved, strict=True):
             p.copy_(v)  # leave the module-scoped policy as it was
-    assert stats.clipped_tokens > 0
+    assert meter.reduce(torch.device("cpu"))["train/clip_frac"] > 0
 
 
 def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
@@ -246,11 +235,13 @@ def test_truncated_is_weights_the_surrogate_by_min_rho_cap():
     rollout_logp = torch.tensor([[-1.0 - math.log(2), -1.0 + math.log(2), -1.0]], dtype=d)
     ids = torch.zeros(1, 4, dtype=torch.long)
     mb = MicroBatch(ids, ids, ids[:, 1:], mask, torch.ones(1, dtype=d), rollout_logp, [0])
-    dev_stats = DeviceStats(torch.device("cpu"), epochs=1, correction_counts=TruncatedIS.counts)
-    w = _rollout_canary(dev_stats, logp.detach(), mb, TruncatedIS(cap=1.5))
-    stats = dev_stats.to_stats()
+    meter = Meter()
+    rollout_canary(meter, logp.detach(), mb)
+    w = correction_weights(meter, TruncatedIS(cap=1.5), logp.detach(), mb)
+    logged = meter.reduce(torch.device("cpu"))
     torch.testing.assert_close(w, torch.tensor([[1.5, 0.5, 1.0]], dtype=d))
-    assert stats.correction == {"trunc": 1} and stats.is_ratio_max == pytest.approx(2.0, rel=1e-12)
+    assert meter.totals["is/trunc_frac"] == 1 and logged["is/trunc_frac"] == pytest.approx(1 / 3, rel=1e-12)
+    assert logged["is/ratio_max"] == pytest.approx(2.0, rel=1e-12)
     norm = StepNorm(seqs=1, tokens=3, max_new_tokens=4)
     out = policy_loss(
         LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mask, norm, 0.2, 0.2, is_weights=w)
@@ -286,7 +277,7 @@ def test_truncated_is_scales_the_trainer_gradient(policy):
     torch.testing.assert_close(g_half, 0.5 * g, **tol)
     torch.testing.assert_close(g_capped, 1.5 * g, **tol)
     assert (g_capped - 2.0 * g).abs().max() > 0.1 * g.abs().max()  # the cap did bind: not the uncapped 2x
-    assert s.correction["trunc"] == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5
+    assert s.totals["is/trunc_frac"] == sum(len(c) for c in ro.completion_ids)  # every token's rho = 2 > 1.5
 
 
 def checkpointed_policy_with_dropout(model_dir):
@@ -316,7 +307,7 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
     # pre-hook: torch's recompute stops early, inside the MLP, once every saved tensor is back). Epoch 0:
     # 2 micro-batches x (reference pass + forward + recompute in backward) = 6; epoch 1: 2 x 2 = 4. Without
     # the recompute: 2 + 2 + 2 = 6. Every call runs with the MLP in eval mode (no dropout anywhere).
-    from rl_training.train.update import UpdateHParams, train_on_rollouts
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
 
     policy = checkpointed_policy_with_dropout(tiny_model)
     calls: list[bool] = []
@@ -330,9 +321,12 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
     # Clip bounds of 1e-15: any ratio other than exactly 1 in either epoch (lr 0) would count as clipped.
     hp = UpdateHParams(inner_epochs=2, clip_low=1e-15, clip_high=1e-15, max_grad_norm=0.0)
     policy.train()  # the update must not depend on the mode it is handed
-    stats = train_on_rollouts(policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs, hp, norm)
+    meter = Meter()
+    train_on_rollouts(
+        policy, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), params, mbs, hp, norm, meter=meter
+    )
     assert len(calls) == 2 * 3 + 2 * 2 and not any(calls)  # epoch 1: forward + recompute per micro-batch
-    assert stats.clipped_tokens == 0.0 and policy.training  # mode restored
+    assert meter.reduce(torch.device("cpu"))["train/clip_frac"] == 0.0 and policy.training  # mode restored
     # Dropout off: the update's log-probs equal an eval-mode no-grad forward (sampler log-probs are all -1).
     policy.eval()
     with torch.no_grad():
@@ -340,12 +334,12 @@ def test_update_recomputes_checkpointed_layers_with_dropout_off(tiny_model):
             ((mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets)) + 1.0).abs() * mb.mask).sum().item()
             for mb in mbs
         )
-    assert stats.logp_absdiff_sum == pytest.approx(expected, rel=1e-12)
+    assert meter.totals["rollout/logp_diff_mean"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_reference_forward_runs_only_on_kl_log_steps():
     """kl_coef = 0: the reference forward (only for train/kl) runs on steps 0, k, 2k, ...; kl_coef > 0: always."""
-    from rl_training.train.update import UpdateHParams
+    from rl_training.train.learner import UpdateHParams
 
     hp = UpdateHParams(kl_log_every=10)
     assert [s for s in range(25) if hp.for_step(s).needs_reference] == [0, 10, 20]
@@ -356,7 +350,7 @@ def test_reference_forward_runs_only_on_kl_log_steps():
 def test_skipped_reference_forward_leaves_kl_unmeasured(policy):
     import dataclasses
 
-    from rl_training.train.update import UpdateHParams, train_on_rollouts
+    from rl_training.train.learner import UpdateHParams, train_on_rollouts
 
     ro = fake_rollouts(2)
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0], dtype=torch.float64)
@@ -366,12 +360,13 @@ def test_skipped_reference_forward_leaves_kl_unmeasured(policy):
     norm = StepNorm(seqs=4, tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
     hp = dataclasses.replace(UpdateHParams(kl_log_every=10), max_grad_norm=0.0)
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"))
-    on = train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(0), norm)
-    off = train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(1), norm)
-    # the random LoRA B makes policy != reference: a measured k3 KL is > 0; unmeasured it is flagged, not logged
-    assert on.kl_measured and on.kl_sum > 1e-6
-    assert not off.kl_measured and off.kl_sum == 0.0
-    assert off.loss == pytest.approx(on.loss, rel=1e-12)  # kl_coef = 0: the loss does not depend on it
+    on, off = Meter(), Meter()
+    train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(0), norm, meter=on)
+    train_on_rollouts(policy, opt, sched, params, mbs, hp.for_step(1), norm, meter=off)
+    on_m, off_m = on.reduce(torch.device("cpu")), off.reduce(torch.device("cpu"))
+    # the random LoRA B makes policy != reference: a measured k3 KL is > 0; unmeasured it is not logged, not a 0
+    assert on_m["train/kl"] > 1e-6 and "train/kl" not in off_m
+    assert off_m["train/loss"] == pytest.approx(on_m["train/loss"], rel=1e-12)  # kl_coef = 0: no dependence
 
 
 # ------------------------------------------------------------------------------ multi-turn: masks with holes
@@ -391,12 +386,15 @@ def test_observation_tokens_are_never_trained(policy, name):
     assert g.abs().max() > 1e-4
     torch.testing.assert_close(g_other, g, rtol=0, atol=0)
     torch.testing.assert_close(g_split, g, rtol=1e-9, atol=1e-12)
-    for k in ("logp_absdiff_sum", "logp_absdiff_max", "is_ratio_sum", "is_ratio_max", "correction", "kl_sum"):
-        assert getattr(s_other, k) == getattr(s, k), k
-    assert s.tokens == sum(len(c) for c in base.completion_ids)  # trainable tokens only
+    for k in ("rollout/logp_diff_mean", "rollout/logp_diff_max", "is/ratio_mean", "is/ratio_max", "is/trunc_frac"):
+        assert s_other.totals[k] == s.totals[k], k
+    assert s_other.totals["train/kl"] == s.totals["train/kl"]
+    tokens = s.pers["rollout/logp_diff_mean"]
+    assert tokens == sum(len(c) for c in base.completion_ids)  # trainable tokens only
     # the per-turn canary splits the same sum by turn: turn 1 is each sequence's first token
-    assert s.turn_logp_diff[1][1] == len(ro) and sum(n for _, n in s.turn_logp_diff.values()) == s.tokens
-    assert sum(v for v, _ in s.turn_logp_diff.values()) == pytest.approx(s.logp_absdiff_sum, rel=1e-12)
+    turns = [f"rollout/logp_diff_turn{t}" for t in range(1, 33)]
+    assert s.pers[turns[0]] == len(ro) and sum(s.pers[k] for k in turns) == tokens
+    assert sum(s.totals[k] for k in turns) == pytest.approx(s.totals["rollout/logp_diff_mean"], rel=1e-12)
 
 
 def test_masked_dr_grpo_gradient_equals_the_sum_over_sampled_tokens(policy):
@@ -429,7 +427,8 @@ def test_a_step_whose_groups_all_skip_still_feeds_the_canary(policy):
     assert [mb.group_ids for mb in mbs] == [[0]]
     g, stats = grads_after(policy, ro, adv, 2, drop=True)
     assert torch.count_nonzero(g) == 0
-    assert stats.tokens == sum(len(ro.completion_ids[i]) for i in range(G)) and stats.logp_absdiff_sum > 0
+    assert stats.pers["rollout/logp_diff_mean"] == sum(len(ro.completion_ids[i]) for i in range(G))
+    assert stats.totals["rollout/logp_diff_mean"] > 0
     # one kept group is enough: then nothing else is added
     adv[G : 2 * G] = torch.tensor([0.5, -0.5], dtype=torch.float64)
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
