@@ -93,8 +93,11 @@ class Meter:
         self.maxes[name] = _larger(self.maxes.get(name), value)
 
     def ready(self, name: str | dict[str, float], value: float | None = None) -> None:
-        """A value that needs no reduction (or a dict of them)."""
-        self.readies.update(name if isinstance(name, dict) else {name: value})
+        """A value that needs no reduction (or a dict of them). A name has one producer: a second is an error."""
+        values = name if isinstance(name, dict) else {name: value}
+        if twice := sorted(set(values) & set(self.readies)):
+            raise ValueError(f"metric {twice[0]!r} made ready twice in one step (two producers of one name)")
+        self.readies.update(values)
 
     def keep(self, name: str, values: torch.Tensor) -> None:
         """This rank's own values (e.g. per sequence), appended to those kept under `name` before; `reduce` copies

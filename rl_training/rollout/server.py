@@ -75,7 +75,6 @@ class ServerBackend:
         self.version = start_version - 1  # published: start_version = the weights at build, +1 per sync
         self._pin = threading.local()  # a thread's pinned sampling version (the async producer's, `pinned`)
         self.publish_s = 0.0
-        self.seen_versions: tuple[int, int] = (0, 0)
         # The trainer may already differ from the files on disk (resume, or a merged SFT start).
         self.sync_weights(model)
 
@@ -137,7 +136,6 @@ class ServerBackend:
                 truncated.append(c["finish_reason"] == "length")
         texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         sampled = self._sampled_version(version)
-        self.seen_versions = (sampled, sampled)
         return Rollouts(prompt_ids, completions, logprobs, truncated, texts, [sampled] * len(completions))
 
     def _sampled_version(self, requested: int) -> int:
@@ -182,7 +180,6 @@ class ServerBackend:
             ids = list(choice["token_ids"])
             turns.append(TurnSample(ids, [float(x) for x in choice["logprobs"]["token_logprobs"][: len(ids)]]))
         sampled = self._sampled_version(version)
-        self.seen_versions = (sampled, sampled)
         return [replace(t, version=sampled) for t in turns]
 
     # ------------------------------------------------------------------------------------- weight sync
@@ -227,8 +224,6 @@ class ServerBackend:
     def metrics(self) -> dict[str, float]:
         return {
             "rollout/weight_version": float(self.version),
-            "rollout/policy_version_min": float(self.seen_versions[0]),
-            "rollout/policy_version_max": float(self.seen_versions[1]),
             "rollout/server_retries": float(self.client.retried),
             "perf/publish_s": self.publish_s,
         }

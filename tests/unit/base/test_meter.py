@@ -68,6 +68,9 @@ def test_kept_values_come_back_in_order_and_a_name_has_one_kind():
     assert m.kept["gap"] == pytest.approx([0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match="z/n"):  # summed here, maxed there: a bug, not a metric
         m.max("z/n", 1)
+    m.ready("z/lr", 1.0)
+    with pytest.raises(ValueError, match="z/lr"):  # two producers of one name: which one is logged?
+        m.ready({"z/lr": 2.0})
 
 
 def _two_rank_worker(rank: int, world: int, port: int, out: str) -> None:
