@@ -144,8 +144,9 @@ def main() -> int:
     sft_default, rl_default, make_data, headline = DEMOS[a.task]
     a.sft_cfg, a.rl_cfg = a.sft_cfg or sft_default, a.rl_cfg or rl_default
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rl_training.config.load import load_config, vllm_max_lora_rank
+    from rl_training.config.load import load_config
     from rl_training.config.resolve import resolve_backend_name
+    from rl_training.rollout.kinds import vllm_max_lora_rank
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")

@@ -19,7 +19,7 @@ import yaml
 
 from rl_training.algs.corrections import CORRECTIONS
 from rl_training.algs.objectives import OBJECTIVES
-from rl_training.config.plugins import BACKENDS, check_builtin
+from rl_training.config.plugins import BACKEND_NAMES, check_builtin
 from rl_training.config.schema import GENERATED_SPLITS, Config, ConfigError, _field_types, all_keys
 
 
@@ -364,7 +364,7 @@ def check_plugin_names(cfg: Config, where: str = "") -> None:
     """A built-in name an extension point does not have is one line at load (a user's 'file.py:NAME' is
     imported and checked where it is built, before any model loads: config/plugins.py)."""
     names = {
-        "rollout.backend": ("backend", cfg.rollout.backend, ["auto", *BACKENDS]),
+        "rollout.backend": ("backend", cfg.rollout.backend, ["auto", *BACKEND_NAMES]),
         "loss.type": ("objective", cfg.loss.type, list(OBJECTIVES)),
         "loss.correction": ("correction", cfg.loss.correction, ["none", *CORRECTIONS]),
     }
@@ -389,9 +389,6 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
         check_trainable_dtype(cfg)
         check_training_losses(cfg, where)
     check_async(cfg, where, training)
-    if training:
-        check_vllm_sleep(cfg, where)
-    check_lora_rank(cfg, where)
     t = cfg.train
     if training and t.pack_sequences and cfg.model.attn_implementation == "flash_attention_2" and t.pack_row_tokens:
         raise ConfigError(
@@ -404,8 +401,6 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
             f"{where}rollout.min_new_tokens={cfg.rollout.min_new_tokens} > rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens}: no completion could end"
         )
-    if cfg.rollout.backend == "server" and not cfg.server.urls:
-        raise ConfigError(f"{where}rollout.backend=server needs server.urls (e.g. ['http://127.0.0.1:8000'])")
     bad_url = [u for u in cfg.server.urls if not re.fullmatch(r"https?://[^/\s]+/?", u)]
     if bad_url:
         raise ConfigError(f"{where}server.urls: {bad_url[0]!r} is not a base URL like 'http://host:8000'")
@@ -458,64 +453,13 @@ def check_multiturn(cfg: Config, where: str = "") -> None:
         raise ConfigError(f"{where}multiturn.stop={m.stop}: an empty stop string would end every turn at once")
 
 
-def check_vllm_sleep(cfg: Config, where: str = "") -> None:
-    """vllm.weight_sync=lora never sends the base weights again, so the engine may not sleep at level 2, which
-    discards them (vLLM's cumem allocator keeps only buffers; wake maps fresh memory): from the second step every
-    rollout would sample from freed memory (issue 29, N1). Checked at load and again by the engine."""
-    v = cfg.vllm
-    if v.weight_sync == "lora" and v.sleep and v.sleep_level == 2 and cfg.rollout.backend in ("vllm", "auto"):
-        raise ConfigError(
-            f"{where}vllm.weight_sync=lora with vllm.sleep_level=2: level 2 discards the base weights and a LoRA "
-            "sync never sends them again; set vllm.sleep_level=1 (they wait in host memory) or vllm.sleep=false"
-        )
-
-
-# vLLM 0.32 takes max_lora_rank only from these (LoRAConfig's MaxLoRARanks, vllm/config/lora.py): lora.r=24 would
-# fail at engine build, after the model loaded. The engine is built at the smallest one >= lora.r.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_max_lora_rank(r: int) -> int:
-    """The max_lora_rank an engine (or a server's --max-lora-rank) needs for adapters of rank `r`."""
-    fits = [k for k in VLLM_LORA_RANKS if k >= r]
-    if not fits:
-        raise ConfigError(
-            f"lora.r={r}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}; lower lora.r, or push merged weights "
-            "(vllm.weight_sync=merge, server.weight_sync=full)"
-        )
-    return fits[0]
-
-
-def check_lora_rank(cfg: Config, where: str = "") -> None:
-    """An adapter pushed through vLLM's LoRA path must have a rank vLLM serves: refused at load."""
-    backend = cfg.rollout.backend
-    lora_to_vllm = (backend in ("vllm", "auto") and cfg.vllm.weight_sync == "lora") or (
-        backend == "server" and cfg.server.weight_sync == "lora"
-    )
-    if lora_to_vllm:
-        try:
-            vllm_max_lora_rank(cfg.lora.r)
-        except ConfigError as e:
-            raise ConfigError(f"{where}{e}") from None
-
-
 def check_async(cfg: Config, where: str = "", training: bool = True) -> None:
-    """rollout.max_async_level > 0 only where its batches can come from older, still-loaded policies and the
-    staleness is corrected (rl_training/rollout/async_queue.py)."""
+    """rollout.max_async_level > 0 only where the staleness is corrected (rl_training/rollout/async_queue.py);
+    whether the backend can run ahead is its own rule (rollout/kinds.py)."""
     k = cfg.rollout.max_async_level
     if not training or k == 0:
         return
     head = f"{where}rollout.max_async_level={k}"
-    if cfg.rollout.backend != "server" and ":" not in cfg.rollout.backend:  # a user's: checked when built
-        raise ConfigError(
-            f"{head} needs rollout.backend=server (got {cfg.rollout.backend}): an in-process engine cannot "
-            "generate while the trainer runs in the same process"
-        )
-    if cfg.rollout.backend == "server" and cfg.server.weight_sync != "lora":
-        raise ConfigError(
-            f"{head} needs server.weight_sync=lora (got {cfg.server.weight_sync}): a server holds one set of full "
-            "weights, so it cannot sample the older versions queued batches need"
-        )
     if cfg.loss.correction_spec()[0] == "none":
         raise ConfigError(
             f"{head} with loss.correction=none: batches come from a policy up to {k} steps old, and only an "

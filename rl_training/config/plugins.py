@@ -82,13 +82,9 @@ def check_builtin(key: str, noun: str, spec: str, names) -> None:
         )
 
 
-# The built-in rollout backends, each named by the spec of its factory (rollout/factory.py), which the loader
-# imports when one is chosen: the one list of backend names, which the config checks at load.
-BACKENDS: dict[str, str] = {
-    "hf": "rl_training.rollout.factory:hf_backend",
-    "vllm": "rl_training.rollout.factory:vllm_backend",
-    "server": "rl_training.rollout.factory:server_backend",
-}
+# The built-in rollout backends' names, which the config checks at load; what each is and needs is declared in
+# rollout/ (rollout/kinds.py KINDS, rollout/factory.py BUILDERS: a test holds the three lists equal).
+BACKEND_NAMES = ("hf", "vllm", "server")
 
 
 def find(kind: Kind, spec: str, builtin: Mapping[str, Any]) -> tuple[Any, bool]:
@@ -97,10 +93,7 @@ def find(kind: Kind, spec: str, builtin: Mapping[str, Any]) -> tuple[Any, bool]:
     h = head(kind, spec)
     if form == "builtin":
         check_builtin(kind.key, kind.noun, spec, builtin)
-        row = builtin[spec]
-        if isinstance(row, str):  # a built-in named by its spec (BACKENDS): imported when chosen
-            row, _ = find(kind, row, {})
-        return row, True
+        return builtin[spec], True
     if not attr:
         raise ConfigError(f"{h}: name the object after the ':' ('{where}:NAME')")
     module = import_file(where, h) if form == "file" else import_module(where, h)

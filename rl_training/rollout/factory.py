@@ -1,26 +1,18 @@
 """The rollout-backend factory: above the backends it builds (each imports rollout/base.py, never this).
 
-rollout.backend names a row of config/plugins.BACKENDS (hf, vllm, server; 'auto' resolved to vllm or hf) or a
-user's backend, 'path/to/file.py:NAME' or 'package.module:NAME': a class or factory called as
-NAME(ctx=BackendContext, **rollout.backend_args) that returns a RolloutBackend (rollout/base.py). A run with
-rollout.max_async_level > 0 needs a VersionedBackend (checked in `versioned`).
+rollout.backend names a row of BUILDERS (hf, vllm, server; 'auto' resolved to vllm or hf; what each needs of the
+config and declares to the rest: rollout/kinds.py) or a user's backend, 'path/to/file.py:NAME' or
+'package.module:NAME': a class or factory called as NAME(ctx=BackendContext, **rollout.backend_args) that returns
+a RolloutBackend (rollout/base.py). A run with rollout.max_async_level > 0 needs a VersionedBackend (checked in
+`versioned`).
 """
 
 from __future__ import annotations
 
 from rl_training.config import plugins
-from rl_training.config.plugins import BACKENDS, Kind
 from rl_training.config.schema import ConfigError
 from rl_training.rollout.base import BackendContext, RolloutBackend, VersionedBackend
-
-BACKEND = Kind(
-    key="rollout.backend",
-    noun="backend",
-    args_key="rollout.backend_args",
-    what="rl_training.rollout.base.RolloutBackend",
-    accepts=lambda obj: not isinstance(obj, type) and isinstance(obj, RolloutBackend),
-    is_class=lambda obj: all(callable(getattr(obj, m, None)) for m in ("generate", "sync_weights", "close")),
-)
+from rl_training.rollout.kinds import BACKEND
 
 
 def hf_backend(ctx: BackendContext) -> RolloutBackend:
@@ -43,13 +35,16 @@ def server_backend(ctx: BackendContext) -> RolloutBackend:
     return ServerBackend(ctx.cfg, ctx.model, ctx.tokenizer, ctx.dist_info, start_version=ctx.start_step)
 
 
+BUILDERS = {"hf": hf_backend, "vllm": vllm_backend, "server": server_backend}
+
+
 def build_backend(cfg, model, tokenizer, dist_info, start_step: int = 0, episode_tokens: int = 0) -> RolloutBackend:
     """Chosen once at setup from rollout.backend (already resolved from 'auto'). `start_step`: the optimizer
     steps the model has taken (a resumed run's), where the backends' policy/weight versions continue; `episode_tokens`:
     what a multi-turn episode reaches after its prompt (rollout/episodes.py, episode_budget), which the
     colocated engine's context must hold."""
     ctx = BackendContext(cfg, model, tokenizer, dist_info, start_step, episode_tokens)
-    obj, builtin = plugins.find(BACKEND, cfg.rollout.backend, BACKENDS)
+    obj, builtin = plugins.find(BACKEND, cfg.rollout.backend, BUILDERS)
     if not builtin:  # a user's: whatever its constructor raises is one line naming the spec
         return plugins.construct(BACKEND, cfg.rollout.backend, obj, cfg.rollout.backend_args, ctx=ctx)
     if cfg.rollout.backend_args:

@@ -52,9 +52,9 @@ from collections.abc import Iterator
 import torch
 
 from rl_training.base import faults
-from rl_training.config.load import check_vllm_sleep, vllm_max_lora_rank
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
+from rl_training.rollout.kinds import check_vllm_sleep, vllm_max_lora_rank
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
 

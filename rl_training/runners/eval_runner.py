@@ -44,7 +44,6 @@ from rl_training.base import dist
 from rl_training.ckpt.marker import COMPLETE, STEP_RE, step_name
 from rl_training.ckpt.store import ADAPTER_FILE, ADAPTER_KEYS, CheckpointError, list_checkpoints, load_adapter
 from rl_training.config.load import load_config
-from rl_training.config.plugins import BACKENDS
 from rl_training.config.resolve import resolve
 from rl_training.config.schema import Config, ConfigError, get_key
 from rl_training.evaluation.evaluate import (
@@ -58,6 +57,7 @@ from rl_training.evaluation.evaluate import (
 from rl_training.evaluation.pass_at_k import metric_names, summarize
 from rl_training.evaluation.report import best_step, load_results, write_plots, write_summary_csv, write_tensorboard
 from rl_training.policy.models import load_tokenizer
+from rl_training.rollout.kinds import KINDS, check_backend
 from rl_training.runtime.cli import exit_status_of
 from rl_training.runtime.lock import RunLock
 from rl_training.runtime.platform_check import require_working_cuda
@@ -226,7 +226,7 @@ def parse_args(argv):
     ap.add_argument("--limit", type=int, default=0, help="first N problems only (0 = all)")
     ap.add_argument(
         "--backend",
-        help=f"auto, {', '.join(BACKENDS)} or a user backend 'file.py:NAME' (default: the run's rollout.backend)",
+        help=f"auto, {', '.join(KINDS)} or a user backend 'file.py:NAME' (default: the run's rollout.backend)",
     )
     ap.add_argument("--k", help='pass@k / maj@k values, e.g. 1,4,8; "" with --n 0: greedy only (default eval.ks)')
     ap.add_argument("--n", type=int, help="samples per problem, >= every k (default eval.num_samples)")
@@ -339,6 +339,7 @@ def usable_targets(run_dir: Path, steps: str, base: bool, overrides: list[str]):
     for msg in skipped:
         print(f"skip: {msg}", file=sys.stderr, flush=True)
     cfg = resolve(cfg).cfg
+    check_backend(cfg, training=False)  # the backend's rules, before any model loads
     for t in usable:
         t.cfg = t.cfg or cfg
     return usable, skipped, cfg

@@ -54,6 +54,7 @@ from rl_training.rollout.async_queue import make_rollouts, past_versions, versio
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
+from rl_training.rollout.kinds import backend_kind, check_backend
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -155,6 +156,7 @@ def build_probes(
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
     resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
     cfg, derived = resolved.cfg, resolved.derived
+    check_backend(cfg)  # the backend's own rules (rollout/kinds.py), before any model loads
     task = build_task(cfg)  # a user's task file is imported here: its errors come before any model loads
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, derived.run_dir, to_yaml(cfg))
@@ -221,7 +223,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         evaluator=evaluator,
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
-        weights=WeightGuard(cfg, resumed_state.get("weight_guard")),
+        weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=backend_kind(cfg).canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
         samples=StepSamples(
@@ -323,7 +325,7 @@ def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
         completions=len(ro),
         prompt_tokens=sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), G)),
         completion_tokens=sum(len(c) for c in ro.completion_ids),
-        prompt_once=cfg.rollout.backend in ("vllm", "server"),  # the prefix cache prefills a prompt once
+        prompt_once=backend_kind(cfg).prefix_cache,  # a group's prompt prefilled once (rollout/kinds.py)
     )
 
 

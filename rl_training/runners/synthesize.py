@@ -42,6 +42,7 @@ from rl_training.data.prompts import dedupe_questions, encode_prompts
 from rl_training.data.sources import Example, load_examples, synthesized_row
 from rl_training.rollout.base import Rollouts, SamplingSpec
 from rl_training.rollout.factory import build_rollout
+from rl_training.rollout.kinds import check_backend
 from rl_training.runtime.cli import exit_status_of
 from rl_training.tasks.base import Environment, score_completions
 from rl_training.tasks.build import build_task, task_context
@@ -124,6 +125,7 @@ def synthesize(a: argparse.Namespace) -> int:
 
     cfg = load_config(a.cfg, a.overrides, training=False)
     cfg = resolve(cfg).cfg
+    check_backend(cfg, training=False)  # the backend's rules, before any model loads
     info = dist.init_distributed()
     if info.world_size > 1:
         raise ConfigError("synthesize runs as one process (python -m rl_training.synthesize), not under torchrun")

@@ -56,8 +56,9 @@ def max_logp_diff(cfg) -> float:
 class WeightGuard:
     """Judges each step's canary and policy versions; its counts are checkpointed (a resume continues them)."""
 
-    def __init__(self, cfg, state: dict | None = None):
+    def __init__(self, cfg, state: dict | None = None, advice: str = "the weight sync after each step"):
         self.cfg = cfg
+        self.advice = advice  # what to check on a trip: the backend's own (rollout/kinds.py canary_advice)
         self.max_diff = max_logp_diff(cfg)
         self.stop_steps = cfg.rollout.canary_stop_steps
         self.k = cfg.rollout.max_async_level
@@ -119,38 +120,9 @@ class WeightGuard:
                 f"{cfg.rollout.backend}; rollout.canary_max_logp_diff) {self.streak} steps in a row"
             )
         return WeightStateError(
-            f"{what}: the rollouts were not sampled from the trained weights; {saved}. Check {_what_to_check(cfg)}. "
+            f"{what}: the rollouts were not sampled from the trained weights; {saved}. Check {self.advice}. "
             "Then resume with ckpt.resume=latest (rollout.canary_stop_steps=0 only logs)"
         )
 
     def state_dict(self) -> dict:
         return {"streak": self.streak, "over_steps": self.over_steps, "recent": self.recent}
-
-
-def _what_to_check(cfg) -> str:
-    backend = cfg.rollout.backend
-    if backend == "vllm":
-        v = cfg.vllm
-        return (
-            f"the weight sync (vllm.weight_sync={v.weight_sync}: "
-            + (
-                "each version a new adapter name and path, the previous one removed"
-                if v.weight_sync == "lora"
-                else "every tensor pushed with reload_weights after each step"
-            )
-            + f"), the sleep mode (vllm.sleep={str(v.sleep).lower()}, vllm.sleep_level={v.sleep_level}: level 2 "
-            "discards the weights, so the sync after each wake must rewrite them all) and that "
-            "rollout/weight_version rises by 1 a step"
-        )
-    if backend == "server":
-        s = cfg.server
-        return (
-            f"the server publish (server.weight_sync={s.weight_sync}): each server's log for the load of the step's "
-            "policy version, that every server in server.urls runs the same base model with the same "
-            "--dtype as model.dtype, and rollout/policy_version_* against the step"
-        )
-    return (
-        "the HF backend samples with the trainer's own model, so a gap means generation and the training forward "
-        f"disagree: model.dtype={cfg.model.dtype}, model.attn_implementation={cfg.model.attn_implementation}, "
-        "rollout.temperature"
-    )

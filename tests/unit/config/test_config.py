@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
 from rl_training.config.reference import reference, write_reference
@@ -326,26 +325,6 @@ def test_resume_changes_compares_target_modules_as_a_set(tmp_path):
         resume_changes(tmp_path, to_yaml(load_config(None, ["lora.target_modules=[q_proj]", "optim.lr=0.001"])))
 
 
-def test_lora_weight_sync_never_sleeps_at_level_2(tmp_path):
-    """Issue 29 N1: level 2 discards the base weights and weight_sync=lora never sends them again. Refused at
-    load (training) and by the engine itself, before it builds (a config made in code skips load_config)."""
-    import dataclasses
-
-    from rl_training.base.dist import DistInfo
-    from rl_training.rollout.vllm_engine import VLLMBackend
-
-    msg = r"vllm.weight_sync=lora with vllm.sleep_level=2: level 2 discards the base weights"
-    with pytest.raises(ConfigError, match=msg):
-        load_config(None, ["vllm.weight_sync=lora"])
-    for ok in (["vllm.sleep_level=1"], ["vllm.sleep=false"], ["rollout.backend=hf"]):
-        load_config(None, ["vllm.weight_sync=lora", *ok])
-    assert load_config(None, ["vllm.weight_sync=lora"], training=False).vllm.sleep_level == 2  # evals never sleep
-    cfg = load_config(None, ["vllm.weight_sync=lora", "vllm.sleep_level=1"])
-    bad = dataclasses.replace(cfg, vllm=dataclasses.replace(cfg.vllm, sleep_level=2))
-    with pytest.raises(ConfigError, match=msg):
-        VLLMBackend(bad, None, None, DistInfo(0, 0, 1, torch.device("cpu")))
-
-
 @pytest.mark.parametrize("text", ["", "\n", "# only a comment\n"])
 def test_empty_yaml_is_an_error(tmp_path, text, capsys):
     # PyYAML reads all three as None; `None or {}` used to train on every default without a word.
@@ -424,28 +403,6 @@ def test_run_name_is_a_single_path_component(tmp_path, name, why, capsys):
     assert capsys.readouterr().err.splitlines() == [f"error: {CFG_DIR / 'testconfig.yaml'}: {e.value}"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "out"]  # nothing written, inside or out
     load_config(None, ["run.name=my-run_2.v1"])  # dots, dashes inside a name are fine
-
-
-def test_lora_ranks_vllm_cannot_serve_round_up_or_are_refused():
-    """Issue 41, item 2: vLLM 0.32 takes max_lora_rank only from {1, 8, 16, 32, 64, 128, 256, 320, 512}; lora.r=24
-    failed at engine build. The engine gets the next one up; a rank past 512 is refused at load, in one line."""
-    import typing
-
-    from rl_training.config.load import VLLM_LORA_RANKS, vllm_max_lora_rank
-
-    lora = pytest.importorskip("vllm.config.lora")
-    assert VLLM_LORA_RANKS == typing.get_args(lora.MaxLoRARanks)  # the installed vLLM's own list
-    assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 24, 48, 300, 320, 321, 512)] == [
-        1, 8, 8, 16, 32, 64, 320, 320, 512, 512,
-    ]  # fmt: skip
-    for sync in (
-        ["vllm.weight_sync=lora", "vllm.sleep_level=1"],
-        ["rollout.backend=server", "server.urls=[http://h:1]"],
-    ):
-        with pytest.raises(ConfigError, match=r"^lora.r=600: vLLM serves LoRA ranks up to 512; lower lora.r"):
-            load_config(None, [*sync, "lora.r=600"])
-        load_config(None, [*sync, "lora.r=512"])
-    load_config(None, ["lora.r=600"])  # merged weights (the default sync): any rank
 
 
 def test_a_task_that_makes_its_splits_reads_them_when_no_data_is_named(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from rl_training.algs.corrections import CORRECTIONS, TruncatedIS
 from rl_training.algs.objectives import OBJECTIVES
 from rl_training.config.load import load_config
-from rl_training.config.plugins import BACKENDS, load_correction, load_objective
+from rl_training.config.plugins import BACKEND_NAMES, load_correction, load_objective
 from rl_training.config.resolve import resolve
 from rl_training.config.schema import ConfigError
 from rl_training.rollout.factory import build_backend, versioned
@@ -89,7 +89,7 @@ def test_builtin_rows_are_the_registries():
     assert isinstance(tis, TruncatedIS) and tis.cap == 1.5
     mask = load_correction(cfg_with("loss.correction=token_mask", "loss.correction_args.high=3.0").loss)
     assert (mask.low, mask.high) == (0.125, 3.0)
-    assert set(CORRECTIONS) == {"tis", "token_mask", "seq_geo_mask"} and set(BACKENDS) == {"hf", "vllm", "server"}
+    assert set(CORRECTIONS) == {"tis", "token_mask", "seq_geo_mask"} and set(BACKEND_NAMES) == {"hf", "vllm", "server"}
 
 
 def test_the_trainer_builds_what_the_config_names(plugin_file):

@@ -10,6 +10,8 @@ import torch
 from rl_training.base.exit_codes import WEIGHT_STATE_EXIT_CODE
 from rl_training.base.meter import Meter
 from rl_training.config.load import load_config
+from rl_training.config.resolve import resolve
+from rl_training.rollout.kinds import backend_kind
 from rl_training.runtime.cli import exit_status_of
 from rl_training.train.weight_guard import DEFAULT_MAX_LOGP_DIFF, WeightGuard, WeightStateError, max_logp_diff
 
@@ -18,7 +20,9 @@ SERVER = ["rollout.backend=server", "server.urls=[http://127.0.0.1:1]", "loss.ti
 
 
 def guard(*overrides: str, state=None) -> WeightGuard:
-    return WeightGuard(load_config(None, list(overrides)), state)
+    """As the runner builds it: the resolved config ('auto' -> vllm here) and its backend's advice."""
+    cfg = resolve(load_config(None, list(overrides))).cfg
+    return WeightGuard(cfg, state, advice=backend_kind(cfg).canary_advice(cfg))
 
 
 def observe(g: WeightGuard, step: int, canary: float, versions) -> dict[str, float]:
@@ -47,7 +51,7 @@ def test_threshold_by_dtype_and_override():
 
 
 def test_streak_counts_consecutive_steps_over_and_resets():
-    g = guard("model.dtype=float32")  # threshold 1e-3, 3 steps in a row
+    g = guard("model.dtype=float32", "rollout.backend=vllm")  # threshold 1e-3, 3 steps in a row
     # at the threshold is healthy (<=); NaN counts as over (a NaN canary is no evidence of health)
     assert feed(g, [1e-6, 2e-3, 1e-3, 5e-3, 0.5, math.nan]) == [0, 1, 0, 1, 2, 3]
     assert g.tripped()
@@ -55,8 +59,9 @@ def test_streak_counts_consecutive_steps_over_and_resets():
     e = g.error(6, "checkpoint at step 6 saved")
     assert str(e).startswith(
         "steps 4-6: the trainer-vs-sampler canary rollout/logp_diff_mean was 0.005, 0.5, nan, above 0.001 "
-        "(model.dtype=float32, rollout.backend=auto; rollout.canary_max_logp_diff) 3 steps in a row: the rollouts "
-        "were not sampled from the trained weights; checkpoint at step 6 saved. Check the HF backend"
+        "(model.dtype=float32, rollout.backend=vllm; rollout.canary_max_logp_diff) 3 steps in a row: the rollouts "
+        "were not sampled from the trained weights; checkpoint at step 6 saved. Check the weight sync "
+        "(vllm.weight_sync=merge"
     ), str(e)
     assert exit_status_of(lambda: (_ for _ in ()).throw(e)) == WEIGHT_STATE_EXIT_CODE == 70
 
