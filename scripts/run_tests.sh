@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make test` and `make test-demos`, in two lanes where the machine has two or more cores:
-#   scripts/run_tests.sh          the unit, integration, cluster and stress tiers (make test)
+#   scripts/run_tests.sh          the unit, integration, cluster, stress and real-model tiers (make test)
 #   scripts/run_tests.sh demos    the learning demos (make test-demos)
 # make test: the integration tier in the main lane. The side lane runs, one after the other: the unit tier pinned
 # to the last core (~2.5 minutes; nothing in it needs a second), the cluster tier (Slurm jobs, rclone, shell
 # scripts; ~3.5 minutes), the stress tier with the integration tier beside it as its load (RL_STRESS_BURNERS=0:
-# tests/stress), then the integration tier's modules the main lane has not reached: those marked side_lane_first,
+# tests/stress), the real-model tier (tests/real_model: SmolLM2-135M-Instruct, skipped without `make real-model`
+# unless RL_REQUIRE_REAL_MODEL=1), then the integration tier's modules the main lane has not reached: those marked side_lane_first,
 # then from the last (tests/lanes.py: each module runs once, in whichever lane takes it first). ~18 minutes in all
 # on 2 cores.
 # make test-demos: the demos marked one_core (reverse, code and reasoning-gym, ~12 minutes on one core) run on the
@@ -35,7 +36,7 @@ if [ "${1:-}" = demos ]; then
   side() { PIN=1 pytest_in side -m one_core --durations=0 tests/demos; }
 else
   if [ -z "$last_core" ]; then
-    "$PY" -m pytest -q --durations=30 tests/unit tests/integration tests/cluster || exit $?
+    "$PY" -m pytest -q --durations=30 tests/unit tests/integration tests/cluster tests/real_model || exit $?
     exec "$PY" -m pytest -q -p no:cacheprovider tests/stress
   fi
   export RL_TEST_CLAIMS="$work/claims"  # the integration tier's modules, shared by the lanes: tests/lanes.py
@@ -46,11 +47,12 @@ else
   main() { "$PY" -m pytest -q -p tests.lanes --durations=30 tests/integration; }
   side() {
     local status=0 rc
-    for tier in unit cluster stress integration; do
+    for tier in unit cluster stress real integration; do
       case $tier in
         unit) PIN=1 pytest_in unit --durations=10 tests/unit ;;
         cluster) pytest_in cluster --durations=10 tests/cluster ;;
         stress) RL_STRESS_BURNERS=0 pytest_in stress -rA tests/stress ;;
+        real) pytest_in real --durations=10 tests/real_model ;;
         integration) RL_TEST_LANE=side pytest_in integration -p tests.lanes --durations=10 tests/integration ;;
       esac
       rc=$?

@@ -43,7 +43,9 @@ def test_prompts_are_the_models_own_template_and_the_stop_token_is_trained_on_ev
         # the template's default system turn, the user turn, the open assistant turn: three <|im_start|>, two ends,
         # no BOS in front (the tokenizer's BOS is <|im_start|> itself) and the assistant header last
         assert ids.count(IM_START) == 3 and ids.count(IM_END) == 2 and ids[0] == IM_START and ids[1] != IM_START
-        assert tok.decode(ids[-3:], skip_special_tokens=False) == "<|im_start|>assistant\n"
+        # the header's last <|im_start|> opens the turn ('assistant' is two tokens: 'ass' 'istant', then '\n')
+        header = ids[len(ids) - 1 - ids[::-1].index(IM_START) :]
+        assert tok.decode(header, skip_special_tokens=False) == "<|im_start|>assistant\n"
     # SFT: the answer, then <|im_end|> once, both in the loss
     (seq, mask), *_ = sft_runner.encode_pairs(examples, cfg.data, tok, task)
     answer = tok(examples[0].solution, add_special_tokens=False).input_ids
