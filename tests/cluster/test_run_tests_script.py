@@ -57,9 +57,11 @@ def last_core() -> str:
 def test_make_test_lanes(tmp_path, last_core):
     status, runs = run_lanes(tmp_path, last_core)
     assert status == 0
-    assert set(runs) == {"tests/integration", "tests/unit", "tests/cluster", "tests/stress", "tests/integration side"}
+    assert set(runs) == {
+        "tests/integration", "tests/unit", "tests/cluster", "tests/stress", "tests/real_model", "tests/integration side"
+    }  # fmt: skip
     assert runs["tests/unit"].endswith(f"cpus={last_core}")  # the unit tier on the last core
-    for tier in ("tests/integration", "tests/cluster", "tests/stress", "tests/integration side"):  # the others: all
+    for tier in ("tests/integration", "tests/cluster", "tests/stress", "tests/real_model", "tests/integration side"):
         assert runs[tier].endswith(f"cpus={all_cpus()}"), runs[tier]
     assert "burners=0" in runs["tests/stress"]  # its load is the integration tier beside it
     assert "burners=unset" in runs["tests/integration"]
@@ -69,21 +71,24 @@ def test_make_test_lanes(tmp_path, last_core):
     claims = main.split("claims=")[1].split(" |")[0]
     assert claims != "unset" and f"claims={claims} " in side and "-p tests.lanes" in main and "-p tests.lanes" in side
     assert [k for k in runs if k != "tests/integration"] == ["tests/unit", "tests/cluster", "tests/stress",
-                                                            "tests/integration side"]  # fmt: skip  # log order
+                                                            "tests/real_model", "tests/integration side"]  # fmt: skip
     assert all("threads=1 " in line for line in runs.values())
 
 
-@pytest.mark.parametrize("fail", ["tests/integration", "tests/unit", "tests/cluster", "tests/stress"])
+TIERS = ["tests/integration", "tests/unit", "tests/cluster", "tests/stress", "tests/real_model"]
+
+
+@pytest.mark.parametrize("fail", TIERS)
 def test_a_failure_in_either_lane_fails_the_script_and_the_rest_still_runs(tmp_path, last_core, fail):
     status, runs = run_lanes(tmp_path, last_core, fail)
     assert status == 3
-    assert len(runs) == 5  # a failed tier does not stop the tiers after it
+    assert len(runs) == 6  # a failed tier does not stop the tiers after it
 
 
 def test_one_core_runs_every_tier_in_one_lane_and_stress_with_its_own_load(tmp_path):
     status, runs = run_lanes(tmp_path, "")
     assert status == 0
-    assert set(runs) == {"tests/unit tests/integration tests/cluster", "tests/stress"}
+    assert set(runs) == {"tests/unit tests/integration tests/cluster tests/real_model", "tests/stress"}
     assert "burners=unset" in runs["tests/stress"]  # the test's default: two busy loops
 
 

@@ -26,6 +26,7 @@ from rl_training.rollout.async_queue import (
     versions_to_keep,
 )
 from rl_training.rollout.base import Rollouts
+from rl_training.rollout.kinds import check_backend
 from rl_training.runners import rl_runner
 from tests.helpers import TESTCFG
 
@@ -284,8 +285,13 @@ def test_resume_with_a_larger_level_than_saved_is_refused(fake, tmp_path, capsys
     ],
 )
 def test_async_config_refusals(override, reason):
+    """Refused before any model loads: the config's own rule at load, the backend's (rollout/kinds.py) right after."""
+
+    def checked(overrides):
+        check_backend(load_config(TESTCFG, overrides))
+
     ok = ["rollout.backend=server", "server.urls=[http://h:1]", "loss.tis_cap=2", "rollout.max_async_level=1"]
-    load_config(TESTCFG, ok)  # the valid combination loads
+    checked(ok)  # the valid combination loads and passes the server's rules
     with pytest.raises(ConfigError, match=reason) as e:
-        load_config(TESTCFG, [*ok, *override])
+        checked([*ok, *override])
     assert "\n" not in str(e.value)
