@@ -54,7 +54,7 @@ from rl_training.rollout.async_queue import make_rollouts, past_versions, versio
 from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
-from rl_training.rollout.kinds import backend_kind, check_backend
+from rl_training.rollout.kinds import BackendKind, backend_kind
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -81,6 +81,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: object
     backend: RolloutBackend
+    kind: BackendKind  # what the backend declares: its prompt cost, its canary advice (rollout/kinds.py)
     task: Task  # started (its resources live) until rl() closes it
     learner: Learner  # advantages, micro-batches, normaliser, probe hooks and the update (train/learner.py)
     examples: list[Example]
@@ -156,7 +157,8 @@ def build_probes(
 def setup(cfg: Config, info: dist.DistInfo) -> Run:
     resolved = resolve(cfg, info.world_size, objective=True, upload=True)  # saved and logged as resolved
     cfg, derived = resolved.cfg, resolved.derived
-    check_backend(cfg)  # the backend's own rules (rollout/kinds.py), before any model loads
+    kind = backend_kind(cfg)  # a user's backend file is imported here, once
+    kind.check(cfg, "", True)  # the backend's own rules (rollout/kinds.py), before any model loads
     task = build_task(cfg)  # a user's task file is imported here: its errors come before any model loads
     set_cpu_threads()
     resume_from = resolve_resume(cfg.ckpt.resume, derived.run_dir, to_yaml(cfg))
@@ -212,6 +214,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         optimizer=optimizer,
         scheduler=scheduler,
         backend=backend,
+        kind=kind,
         task=task,
         learner=learner,
         examples=examples,
@@ -223,7 +226,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         evaluator=evaluator,
         syncer=syncer,
         skips=SkipGuard(cfg.train.max_consecutive_skips, resumed_state.get("skips")),
-        weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=backend_kind(cfg).canary_advice(cfg)),
+        weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=kind.canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
         samples=StepSamples(
@@ -290,7 +293,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         publish(run, step)
     if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
-            meter.ready(run.probes.metrics(step_work(run.cfg, batch, timer)))
+            meter.ready(run.probes.metrics(step_work(batch, timer, run.kind.prefix_cache)))
             # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
             # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
             if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
@@ -316,8 +319,9 @@ def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[flo
     return [x - p for x, p in zip(rewards, pen, strict=True)]
 
 
-def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
-    """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py)."""
+def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool) -> StepWork:
+    """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py); `prompt_once`: the
+    backend prefills a group's prompt once (its prefix cache: rollout/kinds.py)."""
     ro, G = batch.rollouts, batch.group_size
     return StepWork(
         seconds=dict(timer.seconds),
@@ -325,7 +329,7 @@ def step_work(cfg: Config, batch: StepBatch, timer: PhaseTimer) -> StepWork:
         completions=len(ro),
         prompt_tokens=sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), G)),
         completion_tokens=sum(len(c) for c in ro.completion_ids),
-        prompt_once=backend_kind(cfg).prefix_cache,  # a group's prompt prefilled once (rollout/kinds.py)
+        prompt_once=prompt_once,
     )
 
 

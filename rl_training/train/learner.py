@@ -101,10 +101,11 @@ def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int
     return objective.scale(centered, group_size)
 
 
-def step_norm(rollouts: Rollouts, seqs_per_rank: int, max_new_tokens: int, device: torch.device) -> StepNorm:
+def step_norm(trainable_tokens: int, seqs_per_rank: int, max_new_tokens: int, device: torch.device) -> StepNorm:
     """This step's normalisers; the token count is global (all ranks, zero-advantage groups included) and counts
-    trainable tokens only. `max_new_tokens`: the most trainable tokens a sequence holds (Derived)."""
-    tokens = dist.reduce_sums({"t": sum(rollouts.trainable(i) for i in range(len(rollouts)))}, device)["t"]
+    trainable tokens only (`trainable_tokens`: this rank's). `max_new_tokens`: the most trainable tokens a sequence
+    holds (Derived)."""
+    tokens = dist.reduce_sums({"t": trainable_tokens}, device)["t"]
     return StepNorm(seqs=seqs_per_rank, tokens=max(tokens / dist.world_size(), 1.0), max_new_tokens=max_new_tokens)
 
 
@@ -338,7 +339,7 @@ class Learner:
             zero_groups=zero,
         )
         trainable = [ro.trainable(i) for i in range(len(ro))]
-        norm = step_norm(ro, self.seqs_per_rank, self.max_trainable_tokens, self.device)
+        norm = step_norm(sum(trainable), self.seqs_per_rank, self.max_trainable_tokens, self.device)
         self.probes.begin_step(group, advantages, trainable, step, rewards)
         skipped = train_on_rollouts(
             self.model, self.optimizer, self.scheduler, self.params, micro, hp.for_step(step), norm, self.probes, meter
