@@ -40,6 +40,17 @@ def sh(cmd: list[str]) -> None:
     subprocess.run(cmd, cwd=REPO, check=True)
 
 
+def data_order(seed: int) -> int:
+    """A demo's data order (a train.seed) moved by $RL_DATA_ORDER (default 0): scripts/check_robustness.sh runs the
+    demos under orders none of them was developed with."""
+    return seed + int(os.environ.get("RL_DATA_ORDER", "0"))
+
+
+def order_overrides(cfg) -> list[str]:
+    """`train.seed` moved by $RL_DATA_ORDER for a run of `cfg` (a loaded config); none when it is unset."""
+    return [f"train.seed={data_order(cfg.train.seed)}"] if data_order(0) else []
+
+
 def torchrun_cmd(script: str, cfg: str, overrides: list[str], nproc: int = 1) -> list[str]:
     """torchrun of `nproc` ranks (default one) of rl_training/runners/<script>."""
     run = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--standalone"]
@@ -153,6 +164,7 @@ def main() -> int:
     out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
     sft_over = [f"run.name=demo_{stamp}_sft", *out]
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
+    sft_over += order_overrides(sft_cfg)
     if not Path(REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     # The code task's data is always rewritten (deterministic, under a second): a copy left by an older
@@ -163,7 +175,8 @@ def main() -> int:
     sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
     torchrun("sft_runner.py", a.sft_cfg, sft_over)
     t_sft = time.time()
-    rl_over = [f"run.name=demo_{stamp}_rl", *out, f"model.name_or_path={sft_dir / 'final_model'}", *a.overrides]
+    rl_over = [f"run.name=demo_{stamp}_rl", *out, f"model.name_or_path={sft_dir / 'final_model'}"]
+    rl_over += [*order_overrides(load_config(REPO / a.rl_cfg, rl_over)), *a.overrides]
     rl_cfg = load_config(REPO / a.rl_cfg, rl_over)
     server, rl_cpus = None, None
     if a.server:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from demo import heldout_scores, sh, torchrun  # noqa: E402  (the single-turn demo's launch and eval helpers)
+from demo import data_order, heldout_scores, sh, torchrun  # noqa: E402  (the single-turn demo's launch and eval helpers)
 from demo_search import rl_runs  # noqa: E402
 
 SFT_CFG, RL_CFG = "cfg/spell_sft.yaml", "cfg/spell_cpu.yaml"
@@ -98,7 +98,9 @@ def shuffled_overrides(cfg) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
-    ap.add_argument("--seed", type=int, default=0, help="train.seed of the SFT and both RL runs (the problems stay)")
+    ap.add_argument(
+        "--seed", type=int, default=data_order(0), help="train.seed of SFT and both RL runs ($RL_DATA_ORDER or 0)"
+    )
     ap.add_argument("--skip-ablation", action="store_true", help="no shuffled-reward RL run")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from demo import pinned, sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
+from demo import data_order, order_overrides, pinned, sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
 
 
 def heldout_summary(model_path: Path, adapter: Path | None, cfg) -> tuple[dict, str]:
@@ -88,12 +88,35 @@ def sampled_em(metrics: Path, n: int = 3) -> dict:
     return {"first": sum(em[:n]) / len(em[:n]), "last": sum(em[-n:]) / len(em[-n:])}
 
 
-def sft_on_one_core(cfg: str, over: list[str], core: int) -> None:
-    """The SFT runner as one rank pinned to one core (so one torch thread): the same arithmetic, hence the same
-    warm start, on any machine with this torch. The search demo's stage 1 learns the copy only with this
-    arithmetic (docs/search.md: the step it is learned at depends on the data order; as two ranks,
-    demo_tools.sft_ranks, it was not learned in 450 steps, loss 0.21)."""
-    torchrun("sft_runner.py", cfg, over, cpus={core})
+def sft_on_one_core(cfg: str, over: list[str], core: int, check: bool = True) -> int:
+    """The SFT runner as one rank pinned to one core (so one torch thread); its exit status (`check`: raise
+    unless 0). docs/search.md: the step stage 1 learns the copy at depends on the data order and the arithmetic
+    (as two ranks, demo_tools.sft_ranks, order 1 had not learned it in 450 steps)."""
+    cmd = torchrun_cmd("sft_runner.py", cfg, over)
+    print(f"+ [core {core}]", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=REPO, check=check, **pinned({core})).returncode
+
+
+def gated_sft(launch, cfg: str, over: list[str], run_dir, orders: list[int]) -> tuple[Path, dict]:
+    """Stage 1 with its skill gate (sft.eval_every, sft.stop_when in `cfg`): trained with data order
+    (train.seed) orders[0] until a held-out check passes or sft.steps end; then the next order, until one passes.
+    `launch(cfg, overrides)` runs the SFT runner and returns its exit status; `run_dir(order)` is that order's run
+    directory. (The passed run's directory, {"order", "steps", "accuracy", "tried": every order's outcome}.)"""
+    tried = []
+    for order in orders:
+        out = Path(run_dir(order))
+        status = launch(cfg, [*over, f"run.name={out.name}", f"train.seed={order}"])
+        result = out / "sft_result.json"
+        if not result.exists():  # the run failed, not the gate
+            raise SystemExit(f"stage 1 SFT (data order {order}) failed with exit status {status}; see its output")
+        gate = json.loads(result.read_text())["gate"]
+        checks = [json.loads(p.read_text())["metrics"]["accuracy"] for p in (out / "eval" / "inloop").glob("*.json")]
+        tried.append({"order": order, "passed": gate["passed"], "steps": gate["steps_run"], "best": max(checks)})
+        print(f"stage 1, data order {order}: {tried[-1]}", flush=True)
+        if gate["passed"]:
+            accuracy = gate["metrics"]["accuracy"]
+            return out, {"order": order, "steps": gate["passed_at"], "accuracy": accuracy, "tried": tried}
+    raise SystemExit(f"stage 1 SFT learned its skill under none of the data orders {orders}: {tried}")
 
 
 def rl_in_parallel(cfg: str, overs: dict[str, list[str]], cores: list[int]) -> None:
@@ -141,6 +164,7 @@ def main() -> int:
     ap.add_argument("--search-frac", type=float, default=0.3, help="share of the start's episodes that search")
     ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
     ap.add_argument("--skip-ablation", action="store_true", help="no search.retriever=none RL run")
+    ap.add_argument("--orders", type=int, default=3, help="data orders stage 1 may try (its config's seed, then +1...)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -153,19 +177,28 @@ def main() -> int:
     if a.hops == 2:  # gold: 3 turns, up to 283 tokens after the prompt (topk 1); 256 cut the answer turn
         files += ["multiturn.max_turns=4", "multiturn.max_response_tokens=320"]
     out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
-    sft_over = [f"run.name=search_{stamp}_sft", *out, *files, f"sft.gold_episodes={data}/gold_train.jsonl"]
+    # stage 1's skill gate checks valid.jsonl, never the held-out questions the table reports
+    sft_over = [*out, *files, f"data.eval={data}/valid.jsonl", f"sft.gold_episodes={data}/gold_train.jsonl"]
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not (REPO / sft_cfg.model.name_or_path).exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
     # Written on every run (~2 s), so a copy left by an older generator is never used.
     topk, frac = str(sft_cfg.search.topk), str(a.search_frac)
     gen = [sys.executable, "scripts/make_search_data.py", "--out", data, "--hops", str(a.hops), "--topk", topk]
-    sh([*gen, "--search-frac", frac])
-    sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
+    sh([*gen, "--search-frac", frac, "--n-valid-keys", str(sft_cfg.eval.num_prompts)])
     cores = sorted(os.sched_getaffinity(0))
-    sft_on_one_core(a.sft_cfg, sft_over, cores[0])
+    orders = [data_order(sft_cfg.train.seed) + i for i in range(a.orders)]
+
+    def run_dir(order: int) -> Path:
+        return Path(sft_cfg.run.output_dir) / f"search_{stamp}_sft_order{order}"
+
+    def launch(cfg: str, over: list[str]) -> int:
+        return sft_on_one_core(cfg, over, cores[0], check=False)
+
+    sft_dir, stage1 = gated_sft(launch, a.sft_cfg, sft_over, run_dir, orders)
     start_over = [f"run.name=search_{stamp}_start", *out, *files, f"model.name_or_path={sft_dir / 'final_model'}"]
     start_over += [f"sft.gold_episodes={data}/gold_train_mix.jsonl"]
+    start_over += order_overrides(load_config(REPO / a.start_cfg, start_over))
     start_dir = Path(sft_cfg.run.output_dir) / f"search_{stamp}_start"
     sft_on_one_core(a.start_cfg, start_over, cores[0])
     t_sft = time.time()
@@ -173,6 +206,7 @@ def main() -> int:
     times, results, cfgs, overs = {"sft_s": t_sft - t0}, {}, {}, {}
     for retriever, name in runs.items():
         over = [f"run.name={name}", *out, *files, f"model.name_or_path={start_dir / 'final_model'}"]
+        over += order_overrides(load_config(REPO / a.rl_cfg, over))
         overs[retriever] = [*over, f"search.retriever={retriever}", *a.overrides]
         cfgs[retriever] = load_config(REPO / a.rl_cfg, overs[retriever])
     times["rl_s"] = rl_runs(a.rl_cfg, overs)
@@ -189,7 +223,11 @@ def main() -> int:
     times["eval_s"], times["total_s"] = time.time() - t, time.time() - t0
     cfg = cfgs["bm25"]
     print(f"\n== Search demo, {a.hops} hop(s): {cfg.eval.num_prompts} held-out questions, greedy episodes ==")
-    print(f"stage 1 SFT (every gold episode searches): EM {reader['em']:.3f}, {reader['searches']:.2f} searches")
+    print(
+        f"stage 1 SFT (every gold episode searches): data order {stage1['order']}, its skill gate passed at step "
+        f"{stage1['steps']} (EM {stage1['accuracy']:.2f} on {sft_cfg.eval.num_prompts} validation questions); "
+        f"held-out EM {reader['em']:.3f}, {reader['searches']:.2f} searches"
+    )
     head = (
         f"{'retriever':<10}{'EM start':>10}{'EM after RL':>13}{'change':>9}{'searches':>10}{'sampled EM, RL steps':>24}"
     )
@@ -203,7 +241,7 @@ def main() -> int:
     print(f"\nexample episode after RL (sampled text): {results['bm25']['after']['example']!r}")
     print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     rl_dir = REPO / cfg.run.output_dir / cfg.run.name
-    summary = {"hops": a.hops, "stage1": reader, "results": results, "times": times}
+    summary = {"hops": a.hops, "stage1": reader | {"gate": stage1}, "results": results, "times": times}
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {rl_dir / 'demo_summary.json'}")
     return 0

@@ -32,8 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from demo import sh, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
-from demo_search import heldout_summary, rl_runs  # noqa: E402
+from demo import data_order, order_overrides, sh, torchrun_cmd  # noqa: E402  (the single-turn demo's launch helpers)
+from demo_search import gated_sft, heldout_summary, rl_runs  # noqa: E402
 from multiply_tool import write_data  # noqa: E402
 
 
@@ -63,13 +63,12 @@ def sampled(metrics: Path, n: int = 3) -> dict:
     return out
 
 
-def sft_ranks(cfg: str, over: list[str]) -> None:
-    """The SFT runner as two ranks of one thread each (DDP over gloo; one rank where the machine has one core): the
-    same arithmetic on any machine with this torch, whatever its core count, so the same warm start; on 2 cores
-    about 0.6 of one rank's time (448 -> 273 s)."""
+def sft_ranks(cfg: str, over: list[str], check: bool = True) -> int:
+    """The SFT runner as two ranks of one thread each (DDP over gloo; one rank where the machine has one core), on
+    2 cores about 0.6 of one rank's time (448 -> 273 s); its exit status (`check`: raise unless 0)."""
     cmd = torchrun_cmd("sft_runner.py", cfg, over, nproc=min(2, len(os.sched_getaffinity(0))))
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+    return subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=check).returncode
 
 
 def main() -> int:
@@ -81,6 +80,7 @@ def main() -> int:
     ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
     ap.add_argument("--skip-ablation", action="store_true", help="no task.args.empty_results=true RL run")
     ap.add_argument("--start-dir", help="an earlier run's tools_<time>_start: no SFT, RL from its final_model")
+    ap.add_argument("--orders", type=int, default=3, help="data orders stage 1 may try (its config's seed, then +1...)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,22 +91,31 @@ def main() -> int:
     data = REPO / "data" / "multiply"
     files = [f"data.train={data}/train.jsonl", f"data.eval={data}/heldout.jsonl"]
     out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
-    sft_over = [f"run.name=tools_{stamp}_sft", *out, *files, f"sft.gold_episodes={data}/gold_train.jsonl"]
+    # stage 1's skill gate checks valid.jsonl, never the held-out products the table reports
+    sft_over = [*out, f"data.train={data}/train.jsonl", f"data.eval={data}/valid.jsonl"]
+    sft_over += [f"sft.gold_episodes={data}/gold_train.jsonl"]
     sft_cfg = load_config(REPO / a.sft_cfg, sft_over)
     if not (REPO / sft_cfg.model.name_or_path / "config.json").exists():
         sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path, "--chat"])
     write_data(data, a.tool_frac)  # on every run (< 1 s): a copy from an older generator is never used
-    sft_dir = Path(sft_cfg.run.output_dir) / sft_cfg.run.name
     start_dir = Path(a.start_dir or Path(sft_cfg.run.output_dir) / f"tools_{stamp}_start")
+    stage1 = None
     if not a.start_dir:
-        sft_ranks(a.sft_cfg, sft_over)
+        orders = [data_order(sft_cfg.train.seed) + i for i in range(a.orders)]
+
+        def run_dir(order: int) -> Path:
+            return Path(sft_cfg.run.output_dir) / f"tools_{stamp}_sft_order{order}"
+
+        sft_dir, stage1 = gated_sft(lambda cfg, over: sft_ranks(cfg, over, False), a.sft_cfg, sft_over, run_dir, orders)
         start_over = [f"run.name={start_dir.name}", *out, *files, f"model.name_or_path={sft_dir / 'final_model'}"]
-        sft_ranks(a.start_cfg, [*start_over, f"sft.gold_episodes={data}/gold_train_mix.jsonl"])
+        start_over += [f"sft.gold_episodes={data}/gold_train_mix.jsonl"]
+        sft_ranks(a.start_cfg, [*start_over, *order_overrides(load_config(REPO / a.start_cfg, start_over))])
     t_sft = time.time()
     runs = {"tool": f"tools_{stamp}_rl"} | ({} if a.skip_ablation else {"empty": f"tools_{stamp}_empty"})
     times, results, cfgs, overs = {"sft_s": t_sft - t0}, {}, {}, {}
     for label, name in runs.items():
         over = [f"run.name={name}", *out, *files, f"model.name_or_path={start_dir / 'final_model'}"]
+        over += order_overrides(load_config(REPO / a.rl_cfg, over))
         overs[label] = [*over, f"task.args.empty_results={label == 'empty'}", *a.overrides]
         cfgs[label] = load_config(REPO / a.rl_cfg, overs[label])
     times["rl_s"] = rl_runs(a.rl_cfg, overs)
@@ -122,6 +131,11 @@ def main() -> int:
     times["eval_s"], times["total_s"] = time.time() - t, time.time() - t0
     cfg = cfgs["tool"]
     print(f"\n== Tool demo: {cfg.eval.num_prompts} held-out products, greedy episodes ==")
+    if stage1:
+        print(
+            f"stage 1 (every gold episode calls): data order {stage1['order']}, its skill gate passed at step "
+            f"{stage1['steps']} (success {stage1['accuracy']:.2f} on {sft_cfg.eval.num_prompts} validation products)"
+        )
     print(
         f"{'tool':<8}{'success start':>15}{'after RL':>10}{'change':>9}{'tool use start':>16}{'after RL':>10}"
         f"{'sampled success, RL steps':>28}{'sampled tool use':>20}"
@@ -137,7 +151,7 @@ def main() -> int:
     print(f"\nexample episode after RL (sampled text): {results['tool']['after']['example']!r}")
     print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     rl_dir = REPO / cfg.run.output_dir / cfg.run.name
-    summary = {"results": results, "times": times}
+    summary = {"stage1": stage1, "results": results, "times": times}
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {rl_dir / 'demo_summary.json'}")
     return 0

@@ -16,6 +16,7 @@ if __name__ == "__main__":
     ap.add_argument("--hops", type=int, choices=[1, 2], default=1)
     ap.add_argument("--n-train-keys", type=int, default=20000)
     ap.add_argument("--n-heldout-keys", type=int, default=100)
+    ap.add_argument("--n-valid-keys", type=int, default=0, help="also valid.jsonl (a skill gate's check) of so many")
     ap.add_argument("--topk", type=int, default=3, help="passages per search in the gold episodes (= search.topk)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--template", default=TEMPLATE, help="prompt of the gold episodes (= data.prompt_template)")
@@ -23,5 +24,5 @@ if __name__ == "__main__":
     ap.add_argument("--syllables", type=int, default=3, help="consonant-vowel pairs per key (3: 'bazoki')")
     a = ap.parse_args()
     kw = {"n_train_keys": a.n_train_keys, "n_heldout_keys": a.n_heldout_keys, "hops": a.hops, "topk": a.topk}
-    kw |= {"search_frac": a.search_frac, "syllables": a.syllables}
+    kw |= {"search_frac": a.search_frac, "syllables": a.syllables, "n_valid_keys": a.n_valid_keys}
     print(write_search_data(a.out, **kw, seed=a.seed, template=a.template.encode().decode("unicode_escape")))

@@ -13,9 +13,11 @@ As a script it writes the demo's data (for the tiny chat template, scripts/make_
 
     python scripts/multiply_tool.py --out data/multiply [--tool-frac 0.25]
 
-train.jsonl and heldout.jsonl (held-out first factors never occur in training), gold_train.jsonl (every episode
-calls the tool, then answers with its result) and gold_train_mix.jsonl (only --tool-frac of the episodes call
-it; the others answer at once with a rounded guess: the start that seldom calls the tool).
+train.jsonl and heldout.jsonl (held-out first factors never occur in training), valid.jsonl (more products with
+held-out first factors: what the warm start's skill gate checks, never the reported held-out set),
+gold_train.jsonl (every episode calls the tool, then answers with its result) and gold_train_mix.jsonl (only
+--tool-frac of the episodes call it; the others answer at once with a rounded guess: the start that seldom calls
+the tool).
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ def gold_episode(a: int, b: int, call: bool) -> dict:
     return {"question": json.dumps({"a": a, "b": b}), "segments": segments}
 
 
-def write_data(out: Path, tool_frac: float, seed: int = 0, train: int = 2000, heldout: int = 200) -> None:
+def write_data(
+    out: Path, tool_frac: float, seed: int = 0, train: int = 2000, heldout: int = 200, valid_n: int = 64
+) -> None:
     rng = random.Random(seed)
     firsts = list(range(101, 1000))
     rng.shuffle(firsts)
@@ -91,6 +95,9 @@ def write_data(out: Path, tool_frac: float, seed: int = 0, train: int = 2000, he
     mix = [gold_episode(a, b, rng.random() < tool_frac) for a, b in rows["train"]]
     (out / "gold_train.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gold))
     (out / "gold_train_mix.jsonl").write_text("".join(json.dumps(g) + "\n" for g in mix))
+    # drawn last, so the files above are the same with or without it: the warm start's skill gate checks these
+    valid = [(a, b) for a, b in pairs(held_firsts, valid_n)]
+    (out / "valid.jsonl").write_text("".join(json.dumps({"a": a, "b": b}) + "\n" for a, b in valid))
 
 
 def main() -> None:
@@ -100,7 +107,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     write_data(Path(a.out), a.tool_frac, a.seed)
-    print(f"wrote {a.out}/{{train,heldout,gold_train,gold_train_mix}}.jsonl")
+    print(f"wrote {a.out}/{{train,heldout,valid,gold_train,gold_train_mix}}.jsonl")
 
 
 if __name__ == "__main__":

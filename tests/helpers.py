@@ -524,6 +524,23 @@ def run_demo_script(script: str, *args: str, timeout: float = 1200) -> tuple[sub
     return r, wall
 
 
+def data_order(seed: int = 0) -> int:
+    """A learning test's data order (train.seed) moved by $RL_DATA_ORDER, as the demos' (scripts/demo.py)."""
+    return seed + int(os.environ.get("RL_DATA_ORDER", "0"))
+
+
+def clears(name: str, value: float, bar: float, at_most: bool = False) -> bool:
+    """Whether a learning result clears its bar (value >= bar; `at_most`: value <= bar, an ablation's ceiling),
+    recorded as a JSON line {"name", "value", "bar", "margin"} in $RL_MARGINS when set: scripts/check_robustness.sh
+    prints every margin of every cell of its matrix, failed ones included. Use as `assert clears(...), summary`."""
+    margin = bar - value if at_most else value - bar
+    if os.environ.get("RL_MARGINS"):
+        row = {"name": name, "value": round(value, 4), "bar": bar, "at_most": at_most, "margin": round(margin, 4)}
+        with open(os.environ["RL_MARGINS"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return margin >= 0
+
+
 def metered(stats) -> dict[str, float]:
     """What an environment's call stats (Environment.call_stats) log: measured into a meter, reduced (one rank)."""
     meter = Meter()

@@ -8,3 +8,6 @@ WEIGHT_STATE_EXIT_CODE = 70
 # the length-drift guard stopped the run after a checkpoint: held-out accuracy fell while responses ran into the
 # token budget (train/drift_guard.py); EX_DATAERR: the run's own results say it is failing
 DRIFT_EXIT_CODE = 65
+# an SFT run's skill gate (sft.stop_when) was never passed: final_model is written, but it did not learn what
+# the gate checks (runners/sft_runner.py); EX_DATAERR, as the drift guard's: the run's own results say it failed
+UNLEARNED_EXIT_CODE = 65

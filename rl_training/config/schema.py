@@ -511,6 +511,19 @@ class SftCfg:
     schedule: Literal["constant", "cosine", "linear"] = _f("cosine", "SFT LR schedule after warmup.")
     full_finetune: bool = _f(True, "Train all weights (True) or a LoRA adapter that is merged at the end.")
     max_examples: int = _f(0, "Use only the first N training pairs (0 = all).", ge=0)
+    eval_every: int = _f(
+        0,
+        "Held-out check every N steps and at the last: greedy eval of eval.num_prompts of data.eval (episodes for "
+        "an environment), logged as eval/* and written to run_dir/eval/inloop; 0 = none.",
+        ge=0,
+    )
+    stop_when: list[str] = _f(
+        [],
+        "Gate a learned skill: stop at the first check (sft.eval_every) that meets every condition, a check metric "
+        "against a number ('accuracy>=0.75', 'tool_errors_mean<=0'), and write final_model. When sft.steps end "
+        "first, final_model is still written, run_dir/sft_result.json says not passed and the run exits with "
+        "status 65. [] = train all sft.steps. The schedule spans sft.steps.",
+    )
     gold_episodes: str = _f(
         "", "Multi-turn gold episodes jsonl (scripts/make_search_data.py): train on them, observations masked."
     )

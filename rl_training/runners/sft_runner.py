@@ -9,6 +9,13 @@ template as RL. Writes run_dir/final_model/ (a plain HF model + tokenizer, writt
 RL runner's model.name_or_path at it to start RL from the SFT checkpoint. A run directory that already has
 a final_model is refused unless sft.overwrite=true.
 
+A learned skill is gated, not hoped for: with sft.eval_every=N the runner checks the greedy held-out accuracy
+(evaluation/evaluate.py's in-loop eval on data.eval: a task's prompts, an environment's episodes) every N steps,
+and with sft.stop_when (e.g. ['accuracy>=0.75']) it stops at the first check that meets every condition. When
+sft.steps end first, final_model is
+still written, run_dir/sft_result.json says `"passed": false` and the run exits with status 65, so a script can
+try another data order (scripts/demo_tools.py does) instead of building on a warm start that did not learn.
+
 A full fine-tune with model.dtype=bfloat16 trains fp32 weights under bf16 autocast and saves bf16: AdamW
 on bf16 weights rounds away every update below half the weight's bf16 spacing (2^-9 to 2^-8 of its magnitude).
 """
@@ -16,7 +23,9 @@ on bf16 weights rounds away every update below half the weight's bf16 spacing (2
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import shutil
 import sys
 from contextlib import nullcontext
@@ -25,22 +34,26 @@ import numpy as np
 import torch
 
 from rl_training.base import dist
+from rl_training.base.exit_codes import UNLEARNED_EXIT_CODE
 from rl_training.config.load import to_yaml
 from rl_training.config.resolve import resolve
 from rl_training.config.schema import ConfigError, OptimCfg
 from rl_training.data.gold import encode_gold_episodes
 from rl_training.data.prompts import encode_prompts
 from rl_training.data.sources import load_examples
+from rl_training.evaluation.evaluate import InLoopEval
 from rl_training.metrics.logger import MetricsLogger
 from rl_training.metrics.step import peak_memory
 from rl_training.policy.models import DTYPES, apply_lora, load_base_model, load_tokenizer, trainable_parameters
+from rl_training.rollout.episodes import with_episodes
+from rl_training.rollout.hf import HFBackend
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
 from rl_training.runtime.platform_check import require_working_cuda
 from rl_training.runtime.seeding import seed_all, set_cpu_threads
 from rl_training.tasks.base import Environment
-from rl_training.tasks.build import build_task
+from rl_training.tasks.build import build_task, task_context
 from rl_training.train.batches import takes_logits_to_keep
 from rl_training.train.optimizer import build_optimizer
 from rl_training.train.step_guard import SkipGuard, nonfinite_agreed
@@ -112,13 +125,79 @@ def ignored_optim_keys(cfg) -> list[str]:
     ]
 
 
-def sft(cfg, info) -> None:
+CONDITION = re.compile(r"^\s*([A-Za-z_][\w/@.]*)\s*(>=|<=)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+def parse_conditions(conditions: list[str]) -> list[tuple[str, str, float]]:
+    """sft.stop_when's conditions as (metric, '>=' or '<=', number); a malformed one is a ConfigError."""
+    out = []
+    for c in conditions:
+        m = CONDITION.match(c) if isinstance(c, str) else None
+        if m is None:
+            raise ConfigError(f"sft.stop_when: {c!r} is not METRIC>=NUMBER or METRIC<=NUMBER (e.g. 'accuracy>=0.75')")
+        out.append((m[1], m[2], float(m[3])))
+    return out
+
+
+def met(conditions: list[tuple[str, str, float]], metrics: dict[str, float]) -> bool:
+    """Whether a check's metrics (eval/* names without the prefix) meet every condition; a metric the check does
+    not have is a ConfigError naming those it has."""
+    for name, op, bar in conditions:
+        if name not in metrics:
+            raise ConfigError(f"sft.stop_when names {name!r}, which the check does not measure: {', '.join(metrics)}")
+        if not (metrics[name] >= bar if op == ">=" else metrics[name] <= bar):
+            return False
+    return True
+
+
+class SkillGate:
+    """The held-out check of sft.eval_every / sft.stop_when (module docstring): greedy only (eval.num_samples
+    is RL's), on the model being trained, through the HF backend and, for an environment, the episode engine RL
+    uses. Collective, as InLoopEval: every rank checks its block of the problems and gets the same metrics."""
+
+    def __init__(self, cfg, model, tokenizer, info, run_dir, task, autocast):
+        if not cfg.data.eval:
+            raise ConfigError("sft.eval_every needs data.eval (the held-out problems the check scores)")
+        greedy = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, num_samples=0, ks=[]))
+        self.evaluator = InLoopEval(greedy, tokenizer, info, run_dir, task)
+        self.backend = with_episodes(cfg, HFBackend(model, tokenizer), tokenizer, task)
+        self.model, self.autocast = model, autocast
+        self.conditions = parse_conditions(cfg.sft.stop_when)
+        self.every, self.last = cfg.sft.eval_every, cfg.sft.steps
+        self.passed_at: tuple[int, dict] | None = None  # (step, metrics) of the first check that met the conditions
+
+    def __call__(self, step: int) -> dict[str, float]:
+        """The check's metrics at a due step ({} otherwise); records the first pass."""
+        if step % self.every and step != self.last:
+            return {}
+        self.model.eval()
+        with self.autocast:
+            metrics = self.evaluator(self.backend, step)
+        self.model.train()
+        plain = {k.removeprefix("eval/"): v for k, v in metrics.items() if k.startswith("eval/")}
+        if self.conditions and self.passed_at is None and met(self.conditions, plain):
+            self.passed_at = (step, plain)
+        return metrics
+
+    def result(self, step: int) -> dict:
+        """run_dir/sft_result.json's gate entry."""
+        when = [f"{n}{op}{bar:g}" for n, op, bar in self.conditions]
+        out = {"when": when, "every": self.every, "passed": self.passed_at is not None, "steps_run": step}
+        if self.passed_at:
+            out["passed_at"], out["metrics"] = self.passed_at
+        return out
+
+
+def sft(cfg, info) -> int:
     ignored = ignored_optim_keys(cfg)
     if ignored and info.is_main:
         print(f"warning: SFT does not use {', '.join(ignored)}", flush=True)
     resolved = resolve(cfg, info.world_size, backend=False)  # the saved config means the same from anywhere
     cfg, d = resolved.cfg, resolved.derived
     s = cfg.sft
+    parse_conditions(s.stop_when)  # a malformed condition is one line before anything loads
+    if s.stop_when and not s.eval_every:
+        raise ConfigError(f"sft.stop_when={s.stop_when} needs sft.eval_every > 0 (the checks it stops at)")
     if s.batch_size % info.world_size:
         raise ConfigError(f"sft.batch_size={s.batch_size} is not divisible by the world size {info.world_size}")
     # Like the RL runner's fresh start, never replace a finished result implicitly.
@@ -144,19 +223,49 @@ def sft(cfg, info) -> None:
     if not s.full_finetune:
         model = apply_lora(model, cfg.lora)
     autocast = torch.autocast(info.device.type, dtype=DTYPES[cfg.model.dtype]) if mixed else nullcontext()
-    params = trainable_parameters(model)
-    # SFT's own lr, warm-up and schedule; AdamW's betas, eps, weight decay and clipping from the optim section
-    sft_optim = dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps, schedule=s.schedule)
-    optimizer, scheduler = build_optimizer(params, sft_optim, s.steps)
+    gate = SkillGate(cfg, model, tokenizer, info, d.run_dir, task, autocast) if s.eval_every else None
     if info.is_main:
         d.run_dir.mkdir(parents=True, exist_ok=True)
         (d.run_dir / "config.yaml").write_text(to_yaml(cfg))
     logger = MetricsLogger(d.run_dir, info.is_main, cfg.run.tensorboard)
+    if gate is not None:
+        task.start(task_context(info, tokenizer, cfg))  # a tool's workers, a retriever: what the episodes need
+    try:
+        steps_run = train_steps(cfg, info, model, tokenizer, pairs, autocast, logger, gate)
+    finally:
+        if gate is not None:
+            task.close()
+    logger.close()
+    result = {"steps": steps_run} | ({"gate": gate.result(steps_run)} if gate is not None else {})
+    if info.is_main:
+        save_final_model(model, tokenizer, d.run_dir / "final_model", not s.full_finetune, DTYPES[cfg.model.dtype])
+        (d.run_dir / "sft_result.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {d.run_dir / 'final_model'} after {steps_run} steps", flush=True)
+    dist.barrier()
+    if s.stop_when and not result["gate"]["passed"]:
+        if info.is_main:
+            print(
+                f"error: no held-out check met sft.stop_when={s.stop_when} in {s.steps} steps "
+                f"(every check is in {d.run_dir / 'eval' / 'inloop'}; final_model was written)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return UNLEARNED_EXIT_CODE
+    return 0
+
+
+def train_steps(cfg, info, model, tokenizer, pairs, autocast, logger, gate: SkillGate | None) -> int:
+    """The SFT loop; the steps it ran (fewer than sft.steps when the skill gate passed)."""
+    s = cfg.sft
+    params = trainable_parameters(model)
+    # SFT's own lr, warm-up and schedule; AdamW's betas, eps, weight decay and clipping from the optim section
+    sft_optim = dataclasses.replace(cfg.optim, lr=s.lr, warmup_steps=s.warmup_steps, schedule=s.schedule)
+    optimizer, scheduler = build_optimizer(params, sft_optim, s.steps)
     rng = np.random.default_rng(cfg.train.seed)  # same stream on every rank: ranks take disjoint slices
     per_rank = s.batch_size // info.world_size
     model.train()
     skips = SkipGuard(cfg.train.max_consecutive_skips)
-    for step in range(s.steps):
+    for step in range(1, s.steps + 1):
         batch = rng.choice(len(pairs), size=s.batch_size, replace=len(pairs) < s.batch_size)
         mine = batch[info.rank * per_rank : (info.rank + 1) * per_rank]
         ids, attn, labels = collate([pairs[i] for i in mine], tokenizer.pad_token_id, info.device)
@@ -171,25 +280,26 @@ def sft(cfg, info) -> None:
         if not skipped:  # a non-finite step reaches neither the weights nor AdamW nor the schedule
             optimizer.step()
             scheduler.step()
-        metrics = dist.reduce_sums({"loss": loss.item()}, info.device)
+        mean_loss = dist.reduce_sums({"loss": loss.item()}, info.device)["loss"] / info.world_size
+        checked = gate(step) if gate is not None else {}
         logger.log(
-            step + 1,
+            step,
             {
-                "sft/loss": metrics["loss"] / info.world_size,
+                "sft/loss": mean_loss,
                 "sft/grad_norm": norm.item(),
                 "sft/lr": lr,
                 **peak_memory(),
-                **skips.record(step + 1, skipped),
+                **skips.record(step, skipped),
+                **checked,
             },
         )
-        skips.check(step + 1, "nothing was saved (SFT writes final_model at the end)")
-        if info.is_main and ((step + 1) % 50 == 0 or step + 1 == s.steps):
-            print(f"sft step {step + 1}/{s.steps} loss {metrics['loss'] / info.world_size:.4f}", flush=True)
-    logger.close()
-    if info.is_main:
-        save_final_model(model, tokenizer, d.run_dir / "final_model", not s.full_finetune, DTYPES[cfg.model.dtype])
-        print(f"wrote {d.run_dir / 'final_model'}", flush=True)
-    dist.barrier()
+        skips.check(step, "nothing was saved (SFT writes final_model at the end)")
+        if info.is_main and (step % 50 == 0 or step == s.steps or checked):
+            shown = f", held-out accuracy {checked['eval/accuracy']:.3f}" if checked else ""
+            print(f"sft step {step}/{s.steps} loss {mean_loss:.4f}{shown}", flush=True)
+        if gate is not None and gate.passed_at is not None:
+            break
+    return step
 
 
 def main(argv=None) -> int:

@@ -5,11 +5,13 @@ a seed, graded by each dataset's own `score_answer` (its partial credit kept).
     task: {name: reasoning-gym, args: {datasets: {spell_backward: {weight: 2}, letter_counting: {weight: 1}}}}
     data: {train: "task:train", eval: "task:heldout"}     # the task's own splits (data/sources.py)
 
-The train split is `size` problems from `seed`, the held-out split `heldout_size` from `heldout_seed`; a train
-problem whose question is also held out is dropped (`overlap_dropped`), so the splits are disjoint whatever a
-dataset's seeding. One name is reasoning-gym's `create_dataset(name, size=, seed=, **settings)` exactly (the same
-seed gives the problems its authors report on); `reasoning-gym` with `datasets` is its CompositeDataset (each
-problem drawn from one dataset by weight).
+The train split is `size` problems from `seed`, the held-out split `heldout_size` from `heldout_seed`, and, with
+`valid_size`, a validation split (`task:valid`: what a warm start's skill gate or model selection reads, never the
+reported held-out set) of so many from `valid_seed`. A train problem whose question is also held out or in the
+validation split, and a validation problem also held out, is dropped (`overlap_dropped`), so the splits are
+disjoint whatever a dataset's seeding. One name is reasoning-gym's `create_dataset(name, size=, seed=,
+**settings)` exactly (the same seed gives the problems its authors report on); `reasoning-gym` with `datasets` is
+its CompositeDataset (each problem drawn from one dataset by weight).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from rl_training.data.text import last_tagged
 from rl_training.tasks.base import Task, exact_answer_classes
 
 FAMILY = "reasoning-gym"
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "valid", "heldout")
 HELDOUT_SEED = 1_000_000_000  # far from any train seed range, and fixed: a longer train split keeps its held-out set
+VALID_SEED = 2_000_000_000  # far from both
 ANSWER_FORMATS = ("tag", "plain")
 TAG_INSTRUCTION = "Give only your final answer, between <answer> and </answer>."
 
@@ -55,7 +58,8 @@ def _settings(name: str, settings: Any) -> dict:
     for key in ("seed", "size"):
         if key in settings:
             raise ValueError(
-                f"{name}: {key!r} belongs to the splits (task.args size, seed, heldout_size, heldout_seed)"
+                f"{name}: {key!r} belongs to the splits (task.args size, seed, heldout_size, heldout_seed, "
+                "valid_size, valid_seed)"
             )
     return settings
 
@@ -91,20 +95,23 @@ class ReasoningGymTask(Task):
         heldout_size: int = 100,
         heldout_seed: int = HELDOUT_SEED,
         answer_format: str = "tag",
+        valid_size: int = 0,
+        valid_seed: int = VALID_SEED,
     ):
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
-        for key, v in (("size", size), ("heldout_size", heldout_size)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{key} must be a positive integer, got {v!r}")
-        for key, v in (("seed", seed), ("heldout_seed", heldout_seed)):
+        for key, v, least in (("size", size, 1), ("heldout_size", heldout_size, 1), ("valid_size", valid_size, 0)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise ValueError(f"{key} must be an integer >= {least}, got {v!r}")
+        for key, v in (("seed", seed), ("heldout_seed", heldout_seed), ("valid_seed", valid_seed)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{key} must be a non-negative integer, got {v!r}")
         if not isinstance(datasets, dict) or not datasets:
             raise ValueError("datasets must name at least one dataset: {name: {weight: 1, ...its settings}}")
         self.answer_format = answer_format
         self.sizes = {"train": (size, seed), "heldout": (heldout_size, heldout_seed)}
-        self.overlap_dropped = 0  # train problems dropped because they are held out too
+        self.sizes |= {"valid": (valid_size, valid_seed)} if valid_size else {}
+        self.overlap_dropped = 0  # train and validation problems dropped because a later split has them
         self._splits: dict[str, list[Example]] = {}
         if composite:
             from reasoning_gym.composite import DatasetSpec
@@ -133,17 +140,23 @@ class ReasoningGymTask(Task):
 
     # ------------------------------------------------------------------------------------------------ data
     def examples(self, split: str) -> list[Example]:
-        """The generated split (data spec 'task:train' / 'task:heldout'), made once per process."""
+        """The generated split (data spec 'task:train' / 'task:valid' / 'task:heldout'), made once per process:
+        each split without the problems of the splits after it in heldout, valid, train."""
         if split not in SPLITS:
             raise DataError(f"data spec 'task:{split}': {self.name} makes the splits {', '.join(SPLITS)}")
+        if split == "valid" and "valid" not in self.sizes:
+            raise DataError(f"data spec 'task:valid': {self.name} makes a validation split with task.args.valid_size")
         if split not in self._splits:
-            held = self._generate("heldout")
-            self._splits["heldout"] = held
-            if split == "train":
-                keys = {self.problem_key(ex) for ex in held}
-                train = self._generate("train")
-                self._splits["train"] = [ex for ex in train if self.problem_key(ex) not in keys]
-                self.overlap_dropped = len(train) - len(self._splits["train"])
+            taken: set = set()
+            self.overlap_dropped = 0
+            for name in ("heldout", "valid", "train"):
+                if name in self.sizes:
+                    made = self._generate(name)
+                    self._splits[name] = [ex for ex in made if self.problem_key(ex) not in taken]
+                    self.overlap_dropped += len(made) - len(self._splits[name])
+                    taken |= {self.problem_key(ex) for ex in self._splits[name]}
+                if name == split:
+                    break
         return list(self._splits[split])
 
     def _generate(self, split: str) -> list[Example]:
@@ -194,6 +207,6 @@ def reasoning_gym_task(dataset: str | None, args: dict) -> ReasoningGymTask:
             raise ValueError("name the datasets: task.args.datasets: {spell_backward: {weight: 1}, ...}")
         return ReasoningGymTask(composite=True, **args)
     check_dataset(dataset)
-    split_keys = ("size", "seed", "heldout_size", "heldout_seed", "answer_format")
+    split_keys = ("size", "seed", "heldout_size", "heldout_seed", "valid_size", "valid_seed", "answer_format")
     own = {k: args.pop(k) for k in split_keys if k in args}
     return ReasoningGymTask({dataset: args}, **own)

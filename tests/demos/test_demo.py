@@ -1,8 +1,9 @@
 """The embedded demos' acceptance criteria (issue 2, item 10; issue 18, item 7 for --task code):
 `scripts/demo.py` end to end (tiny model and
-data created if missing, SFT warm start, Dr-GRPO, held-out before/after) finishes within 15 minutes on
-2 CPU cores and raises the held-out greedy mean reward by at least 0.15 over the SFT starting point.
-A few minutes of compute: it runs with the slow tests."""
+data created if missing, SFT warm start, Dr-GRPO, held-out before/after) raises the held-out greedy mean reward by
+at least 0.15 over the SFT starting point. A few minutes of compute: it runs with the slow tests. Each demo's time
+is printed, and bounded only by run_demo_script's timeout (issue 49: a test asserts a duration only where time is
+the behaviour)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import read_metrics, run_demo_script
+from tests.helpers import clears, read_metrics, run_demo_script
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +30,7 @@ def test_demo_meets_its_acceptance_criteria(tmp_path):
     print(
         f"demo: greedy reward {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s", summary["times"]
     )
-    assert after - before >= 0.15, summary
-    assert summary["times"]["total_s"] < wall < 900  # 15 minutes, interpreter start-up included
+    assert clears("reverse: held-out greedy reward gain", after - before, 0.15), summary
     assert "Embedded demo" in r.stdout and "SFT start" in r.stdout  # the before/after table is printed
 
 
@@ -48,8 +48,7 @@ def test_code_demo_meets_its_acceptance_criteria(tmp_path):
         f"code demo: pass rate {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s", summary["times"]
     )
     assert summary["headline"] == "greedy_accuracy" and summary["task"] == "code"
-    assert after - before >= 0.15, summary
-    assert summary["times"]["total_s"] < wall < 900
+    assert clears("code: held-out greedy pass-rate gain", after - before, 0.15), summary
     assert "held-out pass rate (greedy)" in r.stdout
 
 
@@ -61,8 +60,7 @@ def test_demo_learns_asynchronously_on_a_vllm_server(tmp_path):
     before, after = summary["before"]["greedy_reward"], summary["after"]["greedy_reward"]
     print(f"async demo: greedy reward {before:.3f} -> {after:.3f} ({after - before:+.3f}), wall {wall:.0f} s")
     assert summary["backend"] == "server" and summary["max_async_level"] == 1
-    assert after - before >= 0.15, summary
-    assert summary["times"]["total_s"] < wall < 900
+    assert clears("async server: held-out greedy reward gain", after - before, 0.15), summary
     (rl_dir,) = tmp_path.glob("demo_*_rl")
     metrics = read_metrics(rl_dir)
     assert [m["rollout/staleness_max"] for m in metrics[:3]] == [0, 1, 1]  # batch t from version t-1

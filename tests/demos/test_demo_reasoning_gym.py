@@ -9,7 +9,7 @@ on 128 held-out problems never trained on, greedy:
   a flipped advantage or a grader reading the wrong answer loses 0.4 and more, as the ablation does);
 - the ablation loses it: the shuffled-reward run's accuracy at least 0.2 below the real run's (measured 0.414
   and 0.789 below: 0.453 vs 0.867, 0.109 vs 0.898), so the real grader's signal, not RL as such, holds it;
-- within 15 minutes (measured 6 minutes on one core).
+- its time is printed (6 minutes on one core), bounded only by the timeout.
 RL does not raise the start on this model (docs/extending.md: 200 steps from a start half-way through SFT did
 not either); the bars say what the demo shows and no more."""
 
@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from tests.helpers import run_demo_script
+from tests.helpers import clears, run_demo_script
 
 pytestmark = pytest.mark.slow
 
@@ -32,8 +32,7 @@ def test_reasoning_gym_demo_meets_its_acceptance_criteria(tmp_path):
     acc = {label: m["greedy_accuracy"] for label, m in summary["scores"].items()}
     print("reasoning-gym demo (greedy accuracy):", acc, summary["times"], f"wall {wall:.0f} s")
     assert summary["task"] == "reasoning-gym/spell_backward"
-    assert acc["random"] == 0.0 and acc["sft"] >= 0.6, acc
-    assert acc["rl"] >= acc["sft"] - 0.1, acc
-    assert acc["shuffled"] <= acc["rl"] - 0.2, acc
+    assert acc["random"] == 0.0 and clears("reasoning-gym: SFT start accuracy", acc["sft"], 0.6), acc
+    assert clears("reasoning-gym: RL accuracy - SFT's", acc["rl"] - acc["sft"], -0.1), acc
+    assert clears("reasoning-gym: RL accuracy - ablation's", acc["rl"] - acc["shuffled"], 0.2), acc
     assert "shuffled-reward RL" in r.stdout and "SFT start" in r.stdout  # the table is printed
-    assert summary["times"]["total_s"] < wall < 900

@@ -207,6 +207,7 @@ def test_sft_refuses_gold_episodes_past_the_configs_episode_limits(tiny_model, t
 
     d = write_search_data(tmp_path / "s1", n_train_keys=20, n_heldout_keys=5, topk=1)
     base = ["--cfg", str(REPO / "cfg" / "search_sft.yaml"), f"model.name_or_path={tiny_model}", "sft.steps=1"]
+    base += ["sft.eval_every=0", "sft.stop_when=[]"]  # the demo's skill gate off
     base += [
         f"data.train={d / 'train.jsonl'}",
         f"data.eval={d / 'heldout.jsonl'}",

@@ -53,13 +53,14 @@ class Fact:
     friend: str
 
 
-def make_keys(n: int, rng: random.Random, syllables: int = 3) -> list[str]:
-    """`n` distinct keys of `syllables` consonant-vowel pairs (3: 'bazoki'), none a stopword or passage word."""
+def make_keys(n: int, rng: random.Random, syllables: int = 3, taken: frozenset[str] = frozenset()) -> list[str]:
+    """`n` distinct keys of `syllables` consonant-vowel pairs (3: 'bazoki'), none a stopword, a passage word or
+    one of `taken`."""
     from bm25s.stopwords import STOPWORDS_EN
 
-    banned = set(STOPWORDS_EN) | RESERVED
+    banned = set(STOPWORDS_EN) | RESERVED | taken
     out: dict[str, None] = {}
-    if n > (len(CONSONANTS) * len(VOWELS)) ** syllables // 2:
+    if n + len(taken) > (len(CONSONANTS) * len(VOWELS)) ** syllables // 2:
         raise ValueError(f"{n} keys: too many for {2 * syllables}-letter words")
     while len(out) < n:
         k = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(syllables))
@@ -130,13 +131,18 @@ def write_search_data(
     template: str = TEMPLATE,
     search_frac: float | None = None,
     syllables: int = 3,
+    n_valid_keys: int = 0,
 ) -> Path:
     """Write corpus.jsonl, train.jsonl, heldout.jsonl (Search-R1's plain jsonl form: question,
     golden_answers, data_source) and gold_train.jsonl / gold_heldout.jsonl (gold episodes) into `out`.
 
     With `search_frac`, also gold_train_mix.jsonl: the training gold episodes of which only that fraction
     (drawn at random) search, the others answering `<answer>unknown</answer>` at once: a model tuned on it
-    can search and read but seldom reaches for the tool (the demo's start, docs/search.md)."""
+    can search and read but seldom reaches for the tool (the demo's start, docs/search.md).
+
+    With `n_valid_keys`, also valid.jsonl: questions about that many more keys, drawn from a generator of their
+    own (the other files' keys and facts are the same with or without them; their passages join the corpus):
+    what a warm start's skill gate checks, never the reported held-out set."""
     if hops not in (1, 2):
         raise ValueError(f"hops must be 1 or 2, got {hops}")
     if search_frac is not None and not 0.0 <= search_frac <= 1.0:
@@ -145,6 +151,11 @@ def write_search_data(
     keys = make_keys(n_train_keys + n_heldout_keys, rng, syllables)
     pools = {"train": keys[:n_train_keys], "heldout": keys[n_train_keys:]}
     facts = {k: f for pool in pools.values() for k, f in make_facts(pool, rng).items()}
+    if n_valid_keys:
+        own = random.Random(seed + 2)
+        pools["valid"] = make_keys(n_valid_keys, own, syllables, taken=frozenset(keys))
+        facts |= make_facts(pools["valid"], own)
+        keys = keys + pools["valid"]
     corpus = [passage(facts[k], i, hops) for i, k in enumerate(keys)]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +168,8 @@ def write_search_data(
         rows = [{"question": q, "golden_answers": [a], "data_source": f"synthetic_{hops}hop"} for q, a, *_ in asked]
         gold = [gold_episode(q, a, qs, [next(obs) for _ in qs], notes, template) for q, a, qs, notes in asked]
         _write_jsonl(out / f"{split}.jsonl", rows)
-        _write_jsonl(out / f"gold_{split}.jsonl", gold)
+        if split != "valid":
+            _write_jsonl(out / f"gold_{split}.jsonl", gold)
         if split == "train" and search_frac is not None:
             mix = random.Random(seed + 1)
             unsearched = (gold_episode(q, a, [], [], [], template, reply=NO_ANSWER) for q, a, *_ in asked)

@@ -49,6 +49,23 @@ def test_a_train_problem_that_is_held_out_too_is_dropped():
     assert not {e.question for e in train} & {e.question for e in held}
 
 
+def test_a_validation_split_is_disjoint_from_both_and_moves_neither():
+    # the validation split drawn with the train split's seed: its 20 problems are train's first 20, all dropped there
+    args = {"size": 60, "heldout_size": 20, "min_word_len": 3, "max_word_len": 3}
+    plain, valid = spell(**args), spell(**args, valid_size=20, valid_seed=0)
+    held, val, train = (valid.examples(s) for s in ("heldout", "valid", "train"))
+    q = lambda exs: {e.question for e in exs}  # noqa: E731
+    assert not q(held) & q(val) and not q(held) & q(train) and not q(val) & q(train)
+    assert [e.question for e in held] == [e.question for e in plain.examples("heldout")]  # the reported set stays
+    # train is the plain task's train without the validation problems, in the same order
+    assert [e.question for e in train] == [e.question for e in plain.examples("train") if e.question not in q(val)]
+    assert len(val) + len(train) + valid.overlap_dropped == 20 + 60  # every drop is counted
+    assert valid.overlap_dropped >= 20
+    assert [e.question for e in load_examples("task:valid", valid.parse)] == [e.question for e in val]
+    with pytest.raises(DataError, match="task.args.valid_size"):
+        plain.examples("valid")
+
+
 def test_the_dataset_is_reasoning_gyms_own_at_the_same_seed():
     import reasoning_gym
 
@@ -114,7 +131,7 @@ def test_a_synthesized_row_and_a_saved_entry_are_read_back(tmp_path):
 def test_a_task_that_makes_no_splits_says_so():
     with pytest.raises(DataError, match="ReverseTask makes no problems of its own"):
         load_examples("task:train", make_task("reverse").parse)
-    with pytest.raises(DataError, match="makes the splits train, heldout"):
+    with pytest.raises(DataError, match="makes the splits train, valid, heldout"):
         load_examples("task:test", spell().parse)
 
 
@@ -131,7 +148,8 @@ def test_a_task_that_makes_no_splits_says_so():
         (SPELL, {"max_len": 3}, "spell_backward has no setting max_len (it takes min_word_len, max_word_len"),
         (SPELL, {"min_word_len": 0}, "spell_backward: min_word_len must be positive"),
         (SPELL, {"answer_format": "json"}, "answer_format must be one of tag, plain"),
-        (SPELL, {"size": 0}, "size must be a positive integer"),
+        (SPELL, {"size": 0}, "size must be an integer >= 1"),
+        (SPELL, {"valid_size": -1}, "valid_size must be an integer >= 0"),
         ("reasoning-gym", {}, "name the datasets"),
         ("reasoning-gym", {"datasets": {"spell_backwards": {}}}, "no dataset 'spell_backwards' (close: spell_backward"),
         ("reasoning-gym", {"datasets": {"spell_backward": {"weight": -1}}}, "weight must be a positive number"),
