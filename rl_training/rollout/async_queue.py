@@ -115,6 +115,7 @@ class AsyncRollouts:
         self.trainer_wait_s = 0.0  # main thread blocked in get(): generation-bound (since the last metrics())
         self.producer_wait_s = 0.0  # producer blocked on the gate or the full queue: train-bound
         self.depth = 0  # batches ready when the main thread last asked
+        self.waiting_for: int | None = None  # the version the producer waits for at its gate, while it does
         # daemon: an in-flight HTTP request (bounded by server.timeout_s) must not hold up the process's exit
         self.thread = threading.Thread(target=self._run, args=(start,), name="rollout-producer", daemon=True)
         self.thread.start()
@@ -145,7 +146,9 @@ class AsyncRollouts:
             while self._version < version:
                 if self._stop.is_set():
                     return False
+                self.waiting_for = version
                 self._cond.wait(_POLL_S)
+            self.waiting_for = None
         return not self._stop.is_set()
 
     def _put(self, item) -> bool:

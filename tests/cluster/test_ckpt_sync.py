@@ -66,6 +66,19 @@ def live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
         time.sleep(0.2)
 
 
+def group_has(pgid: int, comm: str) -> bool:
+    """Whether a live process named `comm` is in process group `pgid`."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split(" (", 1)[1].rsplit(")", 1)  # "pid (comm) state ppid pgrp ..."
+        except (OSError, ValueError):
+            continue
+        fields = rest.split()
+        if name == comm and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 def tb_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -261,7 +274,10 @@ def test_upload_survives_the_slurm_stop_signal(rclone_remote, tmp_path, monkeypa
     ck = fake_checkpoint(run_dir, 5, size=800_000)
     syncer = CheckpointSyncer(SyncCfg(remote="testremote", bucket=str(rclone_remote), retries=0), "run")
     syncer.submit(ck)
-    time.sleep(0.7)  # the upload is under way (sh + rclone started by rclone-python)
+    deadline = time.monotonic() + 30
+    while not group_has(syncer._proc.pid, "rclone"):  # the upload is under way (sh + rclone, by rclone-python)
+        assert time.monotonic() < deadline, "no rclone started within 30 s"
+        time.sleep(0.02)
     assert syncer.metrics()["sync/ckpt_pending"] == 1
     os.killpg(syncer._proc.pid, signal.SIGUSR1)  # what `scancel --signal=USR1` does to the helper's processes
     m = syncer.drain(run_dir)

@@ -209,7 +209,8 @@ def test_final_barrier_holds_every_rank_until_rank0_finished_uploading(run_overr
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     t = {k: json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)}
-    # Rank 1 has no upload and finishes first; it may leave only after rank 0's FINISH_S-second upload ended.
+    # Rank 1 has no upload and finishes first (rank 0's upload starts after it); it may leave only after rank 0's
+    # FINISH_S-second upload ended.
     assert t[1]["finished_at"] < t[0]["finished_at"] - FINISH_S / 2, t
     assert t[1]["left"] >= t[0]["finished_at"], t
     assert "Traceback" not in r.stderr

@@ -58,8 +58,10 @@ def _timeout_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     os.environ.update(LOCAL_RANK=str(rank), RL_DEVICE="cpu")  # a CPU test, also on a 1-GPU machine
     dist.init_distributed(timeout_s=3.0)
-    if rank == 1:
-        time.sleep(12)  # never joins the barrier in time
+    if rank == 1:  # never joins the barrier: it waits until rank 0's has given up (its file), then leaves
+        deadline = time.monotonic() + 120
+        while not os.path.exists(out) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return
     t0 = time.monotonic()
     try:

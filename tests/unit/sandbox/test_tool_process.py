@@ -189,7 +189,8 @@ def test_a_tool_that_swallows_everything_is_killed_at_its_timeout(make, tool):
     text, err = tp.call(tool.__name__, {"seconds": 3.0})
     took = time.monotonic() - t0
     assert (text, err) == (f"error: {tool.__name__} timed out after 0.3 s", "timeout")
-    assert took < 1.5  # 0.3 s + the kill and reap; in-process under SIGALRM it ran the whole 3 s
+    # 0.3 s + the kill and reap when the limit holds; in-process under SIGALRM it ran the whole 3 s: halfway, 1.65 s
+    assert took < 1.65
     assert tp.kills == 1
     assert not running(old)
     assert tp.call("add", {"a": 2, "b": 3}) == ("5", "")
@@ -221,7 +222,7 @@ def test_a_call_from_another_thread_times_out_the_same_way(make):
     t.start()
     t.join(10)
     assert box["answer"] == ("error: catches_exception timed out after 0.3 s", "timeout")
-    assert box["took"] < 1.5
+    assert box["took"] < 1.65  # halfway between the 0.3 s limit and the 3 s the tool runs unstopped
     assert (tp.kills, running(old)) == (1, False)
     assert tp.call("add", {"a": 1, "b": 1}) == ("2", "")
 

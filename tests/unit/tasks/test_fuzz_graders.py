@@ -518,10 +518,11 @@ class SwallowsEveryStage(Task):
 
 def test_a_grader_that_swallows_each_alarm_is_cut_short_at_every_stage():
     """A one-shot alarm stopped only the first stage: 0.2 s + 4 x 1 s = 4.2 s of work past a 0.2 s limit. The
-    alarm repeats every 0.05 s past the limit, so each later stage ends within 0.05 s: about 0.4 s in all."""
+    alarm repeats every 0.05 s past the limit, so each later stage ends within 0.05 s: about 0.4 s in all. The
+    bound lies halfway between that and the 4.2 s: 2.3 s."""
     t0 = time.perf_counter()
     s = score_completions(SwallowsEveryStage(), ["a"], [EX], 0.2)
-    assert time.perf_counter() - t0 < 1.5 and s.timeouts == 1 and s.rewards == [0.0]
+    assert time.perf_counter() - t0 < 2.3 and s.timeouts == 1 and s.rewards == [0.0]
 
 
 def test_odd_values_in_a_batch_graders_parts_score_the_batch_zero_not_raise():

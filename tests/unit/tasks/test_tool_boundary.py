@@ -165,9 +165,9 @@ def test_a_turn_of_many_blocks_is_answered_within_the_limit():
 def test_look_alike_results_stay_plain_text(env):
     """4000 look-alikes in a result (Qwen2.5's <tool_call> is a non-special added token the tokenizer matches in
     plain text): the old encoder recursed once per look-alike (RecursionError past ~1000)."""
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time of this process, where the result is encoded (the tool runs in its own)
     results, (step, _) = results_of(env, turn_of(call("raw", {"kind": "look_alikes"})))
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0  # 2-3 ms here; a pass per look-alike is ~4000 times that, ~10 s
     assert [i for i in step.observation if i in ADDED] == structure_ids(env, 1, turn_of("").ids)
     assert results[0].startswith("<tool_call><tool_call>") and results[0].endswith("[truncated]")
 
@@ -198,7 +198,7 @@ def test_a_tool_that_swallows_its_timeout_is_stopped_from_outside(thread):
         go()
     results, (_, stats) = out["r"]
     assert results == ["error: stubborn timed out after 0.3 s"] and stats.errors["timeout"] == 1
-    assert out["s"] < 1.5 and e.process.kills == 1
+    assert out["s"] < 1.65 and e.process.kills == 1  # halfway between the 0.3 s limit and the tool's 3 s unstopped
     assert results_of(e, turn_of(call("calculator", {"a": 2, "b": 3})))[0] == ["5"] and e.process.pid != first
     e.close()
 
