@@ -16,7 +16,7 @@
 # - order: RL_DATA_ORDER, added to every data order (train.seed) a demo sets (scripts/demo.py data_order): 100 and
 #   200 are orders no demo was developed with.
 # Each test records its margins (tests/helpers.py clears) in $RL_MARGINS; a cell passes when its tests pass. The
-# table (scripts/margins.py) goes to stdout and, with every margin, to $OUT/robustness.json (OUT: default
+# table (scripts/ci_summary.py) goes to stdout and, with every margin, to $OUT/robustness.json (OUT: default
 # runs/robustness_<time>).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -67,5 +67,5 @@ for cell in "${cells[@]}"; do
   [ "$rc" -eq 0 ] || status=1
 done
 
-"$PY" scripts/margins.py --cells "$OUT"
+"$PY" scripts/ci_summary.py --cells "$OUT"
 exit "$status"

@@ -146,3 +146,44 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# What CI's summary reads (.ci/run, scripts/ci_summary.py): with RL_TIERS set, each pytest session appends its
+# tiers, outcome counts, exit status and seconds; with RL_SKIPS set, each skipped test and its reason. A lane's own
+# name (RL_TEST_LANE) tells the integration tier's two halves apart.
+_session: dict = {}
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _session.update(start=time.monotonic(), counts={})
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":  # a setup error or skip is the test's only report
+        counts = _session.setdefault("counts", {})
+        counts[report.outcome] = counts.get(report.outcome, 0) + 1
+    if report.skipped and os.environ.get("RL_SKIPS"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _append(os.environ["RL_SKIPS"], {"test": report.nodeid, "reason": reason.removeprefix("Skipped: ")})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import time
+
+    if not os.environ.get("RL_TIERS") or "start" not in _session:
+        return
+    tiers = sorted({tier_of(item.path) for item in session.items}) or ["(none collected)"]
+    lane = os.environ.get("RL_TEST_LANE", "")
+    seconds = round(time.monotonic() - _session["start"])
+    marks = session.config.option.markexpr  # the demos' two lanes: one_core and not
+    row = {"tiers": tiers, "lane": lane, "marks": marks, "exit": int(exitstatus), "seconds": seconds}
+    _append(os.environ["RL_TIERS"], row | {"counts": _session.get("counts", {})})
+
+
+def _append(path: str, row: dict) -> None:
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
