@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_training.config.load import parse_keep_best
+from rl_training.config.rules import parse_keep_best
 
 
 @dataclass

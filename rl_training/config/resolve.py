@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_training.config.load import check_sync_target
 from rl_training.config.plugins import load_correction, load_objective, split_spec
+from rl_training.config.rules import check_sync_target
 from rl_training.config.schema import Config, ConfigError, Derived, SyncCfg, derive, get_key
 
 # Keys that may name a local file or directory. They can also hold a hub id or a `datasets` name (and

@@ -325,3 +325,42 @@ class GNSTracker:
             return False
         self.levels = {k: GNSState(**v) for k, v in d["levels"].items()}
         return True
+
+
+def level_report(
+    st: GNSState, raw: RawEstimate | None, units: float, group_size: int, group_tokens: float, big_sq_norm: float
+) -> dict[str, float]:
+    """The probe/gns/* metrics of the primary level's state `st` and its last raw estimate, for a step of `units`
+    units of `group_size` sequences, `group_tokens` tokens per group on average, whose full-batch gradient's
+    squared norm was `big_sq_norm`."""
+    bs, (lo, hi) = st.b_simple, st.band
+    nan = float("nan")
+    return {
+        "probe/gns/b_simple": bs,
+        "probe/gns/b_simple_seq": bs * group_size,
+        "probe/gns/b_simple_tokens": bs * group_tokens,
+        # Fieller band at +-2 SE (docs/probes.md 1.6): NaN in the warm-up, hi = inf while |G|^2 is not
+        # significantly above 0
+        "probe/gns/b_simple_lo": lo,
+        "probe/gns/b_simple_hi": hi,
+        "probe/gns/trusted": float(st.trusted),  # the recommendation's gate
+        "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
+        "probe/gns/zone_hi": bs * 2,
+        "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
+        "probe/gns/trace_sigma_est": st.trace_sigma,
+        "probe/gns/grad_sq_norm_raw": raw.grad_sq_norm if raw else nan,
+        "probe/gns/trace_sigma_raw": raw.trace_sigma if raw else nan,
+        "probe/gns/small_sq_norm_mean": raw.s_bar if raw else nan,
+        "probe/gns/big_sq_norm": big_sq_norm,
+        "probe/gns/n_small": raw.k if raw else 0.0,
+        "probe/gns/a": raw.a if raw else nan,
+        "probe/gns/beta": raw.beta if raw else nan,
+        "probe/gns/batch_units": units,
+        "probe/gns/b_simple_rel_se": st.b_simple_rel_se,
+        "probe/gns/n_eff": st.n_eff,
+        "probe/gns/valid": float(st.valid),
+        "probe/gns/skipped_steps": float(st.skipped),
+        "probe/gns/batch_ratio": units / bs if st.valid and bs > 0 else nan,
+        "probe/gns/step_efficiency": units / (units + bs) if st.valid else nan,
+        "probe/gns/sample_efficiency": bs / (units + bs) if st.valid else nan,
+    }

@@ -40,7 +40,7 @@ from rl_training.probes import ess as ess_math
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
 from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
-from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, recommend_batch
+from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, level_report, recommend_batch
 from rl_training.probes.guard import ProbeGuard
 from rl_training.probes.lora_health import lora_health
 
@@ -71,23 +71,20 @@ class NullProbes:
 
     enabled = False
 
-    def begin_step(self, group_size: int, advantages, completion_lengths: list[int], step: int = 0, rewards=()) -> None:
-        pass
+    def begin_step(
+        self, group_size: int, advantages, completion_lengths: list[int], step: int = 0, rewards=()
+    ) -> None: ...
 
     def micro(self, mb):
         return nullcontext()
 
-    def before_allreduce(self) -> None:
-        pass
+    def before_allreduce(self) -> None: ...
 
-    def after_allreduce(self) -> None:
-        pass
+    def after_allreduce(self) -> None: ...
 
-    def observe_rollout(self, mb, old_logp, used_weights) -> None:
-        pass
+    def observe_rollout(self, mb, old_logp, used_weights) -> None: ...
 
-    def observe_ppo(self, mb, logp, old_logp) -> None:
-        pass
+    def observe_ppo(self, mb, logp, old_logp) -> None: ...
 
     def metrics(self, work: StepWork | None = None) -> dict[str, float]:
         return {}
@@ -460,40 +457,10 @@ class StepProbes:
         star_band = (b_star(lo, *self.step_time), b_star(hi, *self.step_time))  # B* is monotone in B_simple
         rec = self.rec_simple(recommend_batch(st, *bounds).batch)
         rec_star = self.rec_star(recommend_batch(st, *bounds, target_band=star_band).batch)
-        out.update(
-            {
-                "probe/gns/b_simple": bs,
-                "probe/gns/b_simple_seq": bs * self.G,
-                "probe/gns/b_simple_tokens": bs * mean_group_tokens,
-                # Fieller band at +-2 SE (docs/probes.md 1.6): NaN in the warm-up, hi = inf while |G|^2 is
-                # not significantly above 0
-                "probe/gns/b_simple_lo": lo,
-                "probe/gns/b_simple_hi": hi,
-                "probe/gns/trusted": float(st.trusted),  # the recommendation's gate
-                "probe/gns/zone_lo": bs / 2,  # efficient zone B in [B_s/2, 2 B_s]
-                "probe/gns/zone_hi": bs * 2,
-                "probe/gns/grad_sq_norm_est": st.grad_sq_norm,
-                "probe/gns/trace_sigma_est": st.trace_sigma,
-                "probe/gns/grad_sq_norm_raw": raw.grad_sq_norm if raw else float("nan"),
-                "probe/gns/trace_sigma_raw": raw.trace_sigma if raw else float("nan"),
-                "probe/gns/small_sq_norm_mean": raw.s_bar if raw else float("nan"),
-                "probe/gns/big_sq_norm": self.q,
-                "probe/gns/n_small": raw.k if raw else 0.0,
-                "probe/gns/a": raw.a if raw else float("nan"),
-                "probe/gns/beta": raw.beta if raw else float("nan"),
-                "probe/gns/batch_units": B,
-                "probe/gns/b_simple_rel_se": st.b_simple_rel_se,
-                "probe/gns/n_eff": st.n_eff,
-                "probe/gns/valid": float(st.valid),
-                "probe/gns/skipped_steps": float(st.skipped),
-                "probe/gns/batch_ratio": B / bs if st.valid and bs > 0 else float("nan"),
-                "probe/gns/step_efficiency": B / (B + bs) if st.valid else float("nan"),
-                "probe/gns/sample_efficiency": bs / (B + bs) if st.valid else float("nan"),
-                "probe/gns/recommended_batch": rec,  # kappa * B_simple (kappa = 1)
-                "probe/gns/b_star": bstar,  # goodput-optimal batch; NaN unless probe.step_time_* are set
-                "probe/gns/recommended_batch_star": rec_star,
-            }
-        )
+        out.update(level_report(st, raw, B, self.G, mean_group_tokens, self.q))
+        out["probe/gns/recommended_batch"] = rec  # kappa * B_simple (kappa = 1)
+        out["probe/gns/b_star"] = bstar  # goodput-optimal batch; NaN unless probe.step_time_* are set
+        out["probe/gns/recommended_batch_star"] = rec_star
         return out
 
     # -------------------------------------------------------------------------------------- resume

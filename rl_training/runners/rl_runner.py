@@ -186,14 +186,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     set_rng_state(rng)
     for v in past_versions(start_step, cfg.rollout.max_async_level):  # what the resumed queue samples first
         versioned(backend, cfg).republish(v, past_version_dir(resume_from, v))
-    if info.is_main:
-        derived.run_dir.mkdir(parents=True, exist_ok=True)
-        (derived.run_dir / "config.yaml").write_text(to_yaml(cfg))
-        print(
-            f"# resolved config (world size {info.world_size}, {derived.accum_steps} micro-batches/step)\n"
-            + to_yaml(cfg),
-            flush=True,
-        )
+    save_resolved_config(cfg, derived, info)
     wandb = make_wandb(cfg.run.wandb, derived.run_dir, cfg.run.name, to_dict(cfg), info.is_main)
     logger = MetricsLogger(derived.run_dir, info.is_main, cfg.run.tensorboard, resume_step=start_step, wandb=wandb)
     logger.text("config", "```yaml\n" + to_yaml(cfg) + "\n```")
@@ -237,6 +230,15 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     pin = versioned(backend, cfg).pinned if K else None
     run.rollouts = make_rollouts(lambda t: generate_step(run, t), K, start_step, cfg.train.total_steps, pin)
     return run
+
+
+def save_resolved_config(cfg: Config, derived: Derived, info: dist.DistInfo) -> None:
+    """run_dir/config.yaml (what a resume checks against) and the resolved config on stdout, from rank 0."""
+    if info.is_main:
+        derived.run_dir.mkdir(parents=True, exist_ok=True)
+        (derived.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        head = f"# resolved config (world size {info.world_size}, {derived.accum_steps} micro-batches/step)"
+        print(head + "\n" + to_yaml(cfg), flush=True)
 
 
 def past_version_dir(ckpt, version: int):

@@ -331,3 +331,21 @@ def test_no_test_module_imports_another():
                 if leaf[0] == "tests" and any(p.startswith("test_") or p == "conftest" for p in leaf[1:]):
                     found.append(f"{path.relative_to(REPO)} imports {name}")
     assert not found, found
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 80  # issue 51, item 7: a module is one job, a function one screen
+
+
+def test_no_library_file_or_function_is_over_its_limit():
+    over = []
+    for path in sorted((ROOT / "rl_training").rglob("*.py")):
+        src = path.read_text()
+        rel = path.relative_to(ROOT)
+        if len(src.splitlines()) > MAX_FILE_LINES:
+            over.append(f"{rel}: {len(src.splitlines())} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    over.append(f"{rel}:{node.lineno} {node.name}: {length} lines")
+    assert not over, f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a function: {over}"

@@ -11,7 +11,8 @@ import torch
 
 from rl_training.ckpt import store as ck
 from rl_training.ckpt.best import BestCheckpoint
-from rl_training.config.load import load_config, parse_keep_best, to_yaml
+from rl_training.config.load import load_config, to_yaml
+from rl_training.config.rules import parse_keep_best
 from rl_training.config.schema import ConfigError
 from rl_training.policy.models import build_policy, trainable_parameters
 from rl_training.train.optimizer import build_optimizer

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rl_training.config.load import check_trainable_dtype, load_config, to_yaml
+from rl_training.config.load import load_config, to_yaml
 from rl_training.config.reference import reference, write_reference
 from rl_training.config.resolve import resolve
+from rl_training.config.rules import check_trainable_dtype
 from rl_training.config.schema import ConfigError, all_keys, derive
 from tests.helpers import REPO
 
