@@ -102,8 +102,9 @@ class TaskCfg:
     name: str = _f(
         "reverse",
         "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio, python_gsm8k, "
-        "python_math: docs/tools.md), reasoning-gym/<dataset> or reasoning-gym (a weighted mix: its splits are the "
-        "data when data.train/eval are not set), or your own: "
+        "python_math: docs/tools.md), reasoning-gym/<dataset> or reasoning-gym (a weighted mix), verifiers/<env-id> "
+        "or verifiers (task.args.env: docs/verifiers.md) (a family's own splits are the data when data.train/eval "
+        "are not set), or your own: "
         "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
         "(data.format, the old key, is read as task.name.)",
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rl_training.config.load import load_config, to_yaml
@@ -429,3 +431,22 @@ def test_a_task_that_makes_its_splits_reads_them_when_no_data_is_named(tmp_path)
     default = load_config(None, [])
     assert default.data.train == "data/reverse/train.jsonl"  # any other task: the data keys' own defaults
     assert load_config(None, ["task.name=reasoning-gym/x", "data.train=f.jsonl"]).data.train == "f.jsonl"
+
+
+def test_the_help_of_the_registered_names_names_each_one():
+    # The help strings cannot import the registries they describe (config sits below tasks and rollout), so they
+    # restate them; this holds them to the registries: a task, a family or a backend added there must be named here.
+    from rl_training.config.generation import RolloutCfg
+    from rl_training.config.plugins import BACKEND_NAMES
+    from rl_training.config.schema import TaskCfg
+    from rl_training.tasks.build import BUILTIN, FAMILIES
+
+    def help_of(cls, key):
+        (f,) = [f for f in dataclasses.fields(cls) if f.name == key]
+        return f.metadata["doc"]
+
+    task_help = help_of(TaskCfg, "name")
+    assert [n for n in BUILTIN if n not in task_help] == []
+    assert [f for f in FAMILIES if f"{f}/<" not in task_help] == []  # 'reasoning-gym/<dataset>', 'verifiers/<env-id>'
+    backend_help = help_of(RolloutCfg, "backend")
+    assert [b for b in BACKEND_NAMES if f"{b} (" not in backend_help] == []
