@@ -157,6 +157,10 @@ _session: dict = {}
 def pytest_sessionstart(session):
     import time
 
+    if os.environ.get("RL_RECORDING_SESSION"):  # a pytest a test started: its sessions are that test's business
+        for var in ("RL_TIERS", "RL_SKIPS"):
+            os.environ.pop(var, None)
+    os.environ["RL_RECORDING_SESSION"] = "1"  # seen by every process this session starts
     _session.update(start=time.monotonic(), counts={})
 
 

@@ -17,7 +17,8 @@ from tests.helpers import REPO, clears
 
 def pytest_run(tmp_path, *args: str) -> int:
     env = {**os.environ, "RL_TIERS": str(tmp_path / "tiers.jsonl"), "RL_SKIPS": str(tmp_path / "skips.jsonl")}
-    env.pop("RL_TEST_LANE", None)
+    for var in ("RL_TEST_LANE", "RL_RECORDING_SESSION"):  # a session of its own, as CI's are
+        env.pop(var, None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300).returncode
 
@@ -29,6 +30,11 @@ def test_sessions_skips_and_margins_are_recorded_and_summarised(tmp_path, monkey
     first, second = (json.loads(x) for x in (tmp_path / "tiers.jsonl").read_text().splitlines())
     assert (first["tiers"], first["counts"], first["exit"], first["lane"]) == (["integration"], {"skipped": 5}, 0, "")
     assert (second["tiers"], second["counts"], second["exit"]) == (["(none collected)"], {}, 5)
+    # a pytest that a recorded session starts (a test running pytest) records nothing of its own
+    nested = {**os.environ, "RL_RECORDING_SESSION": "1", "RL_TIERS": str(tmp_path / "nested.jsonl")}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/integration/test_gpu.py"]
+    assert subprocess.run(cmd, cwd=REPO, env=nested, capture_output=True, timeout=300).returncode == 0
+    assert not (tmp_path / "nested.jsonl").exists()
     skips = [json.loads(x) for x in (tmp_path / "skips.jsonl").read_text().splitlines()]
     assert len(skips) == 5 and {s["reason"] for s in skips} == {"needs CUDA (no GPU on this machine)"}
     assert all(s["test"].startswith("tests/integration/test_gpu.py::") for s in skips)
