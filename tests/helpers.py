@@ -524,6 +524,14 @@ def run_demo_script(script: str, *args: str, timeout: float = 1200) -> tuple[sub
     return r, wall
 
 
+def wait_until(cond, what: str, timeout_s: float = 10.0) -> None:
+    """Poll `cond()` until it holds; fail naming `what` after `timeout_s` (a deadline, never a guess of how long)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.005)
+
+
 def data_order(seed: int = 0) -> int:
     """A learning test's data order (train.seed) moved by $RL_DATA_ORDER, as the demos' (scripts/demo.py)."""
     return seed + int(os.environ.get("RL_DATA_ORDER", "0"))

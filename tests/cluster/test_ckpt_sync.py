@@ -20,7 +20,7 @@ from rl_training.config.load import load_config, to_yaml
 from rl_training.config.resolve import resolve_target
 from rl_training.config.schema import ConfigError, SyncCfg
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG, require_debian_packages
+from tests.helpers import TESTCFG, require_debian_packages, wait_until
 
 SENTINEL = "SENTINEL-secret-0f9a2c"  # stands in for an S3 secret key: must never reach a file or a log
 
@@ -274,10 +274,8 @@ def test_upload_survives_the_slurm_stop_signal(rclone_remote, tmp_path, monkeypa
     ck = fake_checkpoint(run_dir, 5, size=800_000)
     syncer = CheckpointSyncer(SyncCfg(remote="testremote", bucket=str(rclone_remote), retries=0), "run")
     syncer.submit(ck)
-    deadline = time.monotonic() + 30
-    while not group_has(syncer._proc.pid, "rclone"):  # the upload is under way (sh + rclone, by rclone-python)
-        assert time.monotonic() < deadline, "no rclone started within 30 s"
-        time.sleep(0.02)
+    # the upload is under way (sh + rclone, by rclone-python)
+    wait_until(lambda: group_has(syncer._proc.pid, "rclone"), "an rclone started", 30)
     assert syncer.metrics()["sync/ckpt_pending"] == 1
     os.killpg(syncer._proc.pid, signal.SIGUSR1)  # what `scancel --signal=USR1` does to the helper's processes
     m = syncer.drain(run_dir)

@@ -28,7 +28,7 @@ from rl_training.rollout.async_queue import (
 from rl_training.rollout.base import Rollouts
 from rl_training.rollout.kinds import check_backend
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG
+from tests.helpers import TESTCFG, wait_until
 
 
 class Recorder:
@@ -54,18 +54,6 @@ class Recorder:
         return t, getattr(self.pinned, "v", None)
 
 
-def gate_version(src) -> int | None:
-    """The version the producer thread waits for at its gate, else None (AsyncRollouts.waiting_for)."""
-    return src.waiting_for
-
-
-def wait_until(cond, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.005)
-
-
 def drive(k: int, n: int, rec: Recorder) -> tuple[list, list[float]]:
     """The main loop's use: take batch t, 'train' on it, publish version t + 1. Train-bound: each update ends
     once the producer is as far ahead as the versions allow (waiting at the gate for version t + 1, or done)."""
@@ -78,7 +66,7 @@ def drive(k: int, n: int, rec: Recorder) -> tuple[list, list[float]]:
             depths.append(src.metrics().get("rollout/queue_depth", 0.0))
             if k:
                 wait_until(
-                    lambda: gate_version(src) == t + 1 or not src.thread.is_alive(),  # noqa: B023 -- called here
+                    lambda: src.waiting_for == t + 1 or not src.thread.is_alive(),  # noqa: B023 -- called here
                     f"the producer waits for version {t + 1} after batch {t}",
                 )
             src.published(t + 1)
@@ -143,7 +131,7 @@ def test_close_ends_a_producer_waiting_for_a_version():
     rec = Recorder()
     src = make_rollouts(rec.produce, 2, 0, 100, rec.pin)
     src.get(0)  # batches 1, 2 follow from version 0; batch 3 waits for version 1, which never comes
-    wait_until(lambda: gate_version(src) == 1, "the producer waits for version 1")  # past batch 2, not starting 3
+    wait_until(lambda: src.waiting_for == 1, "the producer waits for version 1")  # past batch 2, not starting 3
     t0 = time.monotonic()
     src.close()
     # close() wakes the gate at once (at worst its next 0.1 s poll); one that did not stop it returns after its

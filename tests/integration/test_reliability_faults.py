@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rl_training.ckpt.store import list_checkpoints
-from tests.helpers import REPO, TESTCFG, torchrun_cmd
+from tests.helpers import REPO, TESTCFG, torchrun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -140,10 +140,8 @@ def kill_agent_and_check_workers_die(agent: subprocess.Popen, run_dir: Path) -> 
     assert not any(alive(w) for w in workers), f"workers {workers} outlived their launcher by 5 s"
     print(f"workers gone {time.monotonic() - t0:.2f} s after the agent's kill -9")
     before = tree_state(run_dir)
-    t0 = time.monotonic()
-    while (left := working_in(home)) and time.monotonic() - t0 < 30:  # whatever the workers had started
-        time.sleep(0.05)
-    assert not left, f"processes {left} of the run outlived its workers by 30 s"
+    # whatever the workers had started
+    wait_until(lambda: not working_in(home), "no process of the run outlives its workers", 30)
     assert tree_state(run_dir) == before  # no orphan wrote metrics or checkpoints: none is left that could
 
 
