@@ -48,10 +48,13 @@ sys.path.insert(0, str(REPO))
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SKIPPED = "skipped_token_frac"  # our rows' train/skipped_token_frac, carried beside the phases
 POINTS = {
-    "short": {"task": "add", "max_new": 16, "prompts": 16, "group": 8},
-    "long": {"task": "reverse_long", "max_new": 48, "prompts": 16, "group": 8},
-    "real": {"task": "real", "max_new": 64, "prompts": 4, "group": 8},
+    "short": {"task": "add", "max_new": 16, "prompts": 16, "group": 8, "micro": 16},
+    "long": {"task": "reverse_long", "max_new": 48, "prompts": 16, "group": 8, "micro": 16},
+    "real": {"task": "real", "max_new": 64, "prompts": 4, "group": 8, "micro": 1},
 }
+# "micro": prompt groups per forward/backward (gradients accumulated over prompts / micro of them, one optimizer
+# step), the same for every contender. The real point's 32 sequences in one forward took 10 GB in one contender and
+# the kernel's OOM killer ended it beside the others (24 GiB): one group (8 sequences) a micro-batch.
 REAL_CFG = REPO / "cfg" / "smollm2_rl.yaml"  # the real-model demo's task: its data, prompts and grader
 
 
@@ -156,7 +159,7 @@ def ours(model: Path, data: Path, spec: dict, backend: str, probes: bool, out: P
         "optim.schedule=constant",
         "optim.warmup_steps=0",
         "optim.max_grad_norm=1.0",
-        f"train.micro_batch_groups={prompts}",
+        f"train.micro_batch_groups={spec['micro']}",
         "train.total_steps=100000",
         f"probe.enabled={str(probes).lower()}",
         "eval.every=0",
@@ -222,12 +225,15 @@ def floor(model_dir: Path, data: Path, spec: dict):
         keep = (done == 0) | ((done == 1) & (comp == tok.eos_token_id))  # up to and including the first EOS
         mask = torch.cat([enc.attention_mask.repeat_interleave(group, 0), keep.long()], 1)
         model.train()
-        logits = model(input_ids=out, attention_mask=mask).logits[:, plen - 1 : -1].float()
-        logp = torch.log_softmax(logits, -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
         adv = torch.randn(comp.shape[0], 1)
-        loss = -(adv * logp * keep).sum() / (comp.shape[0] * max_new)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        width = spec["micro"] * group
+        for s in range(0, comp.shape[0], width):  # micro-batches of `micro` groups, gradients accumulated
+            part = slice(s, s + width)
+            logits = model(input_ids=out[part], attention_mask=mask[part]).logits[:, plen - 1 : -1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, comp[part].unsqueeze(-1)).squeeze(-1)
+            loss = -(adv[part] * logp * keep[part]).sum() / (comp.shape[0] * max_new)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return time.perf_counter() - t0, float(keep.sum()), {}
@@ -301,7 +307,8 @@ def trl_worker(model_dir: Path, data: Path, spec: dict, out: Path, commands, rep
 
     args = GRPOConfig(
         output_dir=str(out),
-        per_device_train_batch_size=prompts * group,
+        per_device_train_batch_size=spec["micro"] * group,  # TRL's micro-batch; its generation batch is
+        gradient_accumulation_steps=prompts // spec["micro"],  # per_device x accumulation = prompts x group
         num_generations=group,
         max_completion_length=max_new,
         temperature=1.0,
@@ -403,16 +410,32 @@ class Proc:
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"},
+            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+            | ({"VLLM_CPU_KVCACHE_SPACE": "1"} if name == "trl-vllm" else {}),  # TRL sets no KV size on a CPU
         )
 
     def ask(self, k: int | None) -> dict:
-        self.p.stdin.write("quit\n" if k is None else f"run {k}\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write("quit\n" if k is None else f"run {k}\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            raise RuntimeError(self.death()) from None
         line = self.p.stdout.readline()
         if not line:
-            raise RuntimeError(f"{self.name} died; see {self.log.name}")
+            raise RuntimeError(self.death())
         return json.loads(line)
+
+    def death(self) -> str:
+        """One line on a contender that stopped answering: its exit status, and the likely cause of a SIGKILL."""
+        try:
+            code = self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+        why = {
+            None: "closed its output but is still running",
+            -9: "killed by SIGKILL (on a full machine: the kernel's OOM killer; `dmesg | grep -i oom` names it)",
+        }.get(code, f"exited with status {code}")
+        return f"contender {self.name} died: {why}; its log: {self.log.name}"
 
     def close(self) -> None:
         try:
@@ -433,7 +456,8 @@ def bench_point(point: str, names: list[str], a, work: Path) -> dict:
     try:
         for n, p in procs.items():  # build; TRL's first command also starts its loop
             if not n.startswith("trl"):
-                p.p.stdout.readline()  # {"ready": true}
+                if not p.p.stdout.readline():  # {"ready": true}
+                    raise RuntimeError(p.death())
         for p in procs.values():
             p.ask(a.warmup)  # warm-up steps, discarded
         for _ in range(max(1, a.steps // a.block)):
