@@ -81,11 +81,16 @@ class RolloutBudget:
         exact_zero: bool,
         b_multiple: int,
         device: torch.device,
+        measured_every: int = 1,
     ):
         self.K, self.units, self.world = group_size, units_per_step, world_size
         self.exact_zero, self.b_multiple, self.device = exact_zero, b_multiple, device
         self.k_max = max(K_MAX, group_size)
-        self.state = AnovaState(beta=ema_beta)
+        # The ANOVA updates only on the steps the unit level measures (every `measured_every`-th, probe.unit_every).
+        # Its EMA factor is per update, so beta^measured_every keeps its window, warm-up and trust lag the same
+        # number of *steps* as the per-step EMAs': with beta itself, the 60-update warm-up of beta 0.95 took 240
+        # steps at unit_every 4, and the trust flag could not rise in a 100-step run (docs/probes.md 9.5).
+        self.state = AnovaState(beta=ema_beta**measured_every)
         self.waste = _Ema(ema_beta, self.k_max)  # w(k), k = 1..k_max: mean over the step's prompts
         self.costs = _Ema(ema_beta, 2)  # (c_p, c_r) seconds
         self.last = None  # this step's AnovaEstimate (None: not measured or not identifiable)

@@ -16,6 +16,7 @@ checkpoints at the next step and the process exits with status 75; `ckpt.resume=
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.rollout.kinds import BackendKind, backend_kind
+from rl_training.runners.monitor import advice_line
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -134,6 +136,7 @@ def build_probes(
             exact_zero=cfg.loss.kl_coef == 0,  # a zero-advantage group's gradient is exactly 0
             b_multiple=derived.world_size * cfg.train.micro_batch_groups,
             device=info.device,
+            measured_every=cfg.probe.unit_every,
         )
     probes = StepProbes(
         model,
@@ -402,6 +405,19 @@ def report_alerts(run: Run, metrics: dict[str, float], step: int) -> None:
         if value and not run.alerts.get(key):
             dist.print0(f"[step {step}] probe alert {key}={value:g}: {text}")
         run.alerts[key] = value
+    report_advice(run, metrics, step)
+
+
+def report_advice(run: Run, metrics: dict[str, float], step: int) -> None:
+    """The rollout-budget advisor's advice (probe.advisor) in the log on rank 0: when it is first trusted, and
+    again whenever the recommended K* moves by 1 or more since it was last printed (docs/probes.md 10)."""
+    k_star = metrics.get("probe/advisor/k_star")
+    if k_star is None or not metrics.get("probe/advisor/trusted") or not math.isfinite(k_star):
+        return
+    shown = run.alerts.get("advice_k_star")
+    if shown is None or abs(k_star - shown) >= 1:
+        dist.print0(f"[step {step}] {advice_line({'step': step, **metrics})}")
+        run.alerts["advice_k_star"] = k_star
 
 
 def train(run: Run, stop: StopOnSignal) -> int:

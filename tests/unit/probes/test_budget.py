@@ -223,3 +223,29 @@ def test_advice_is_logged_and_resumes_exactly(setup):
     other_beta.load_state_dict(budget.state_dict())  # another beta restarts every EMA
     assert other_beta.state.t == 0 and other_beta.waste.t == 0 and other_beta.costs.t == 0
     assert math.isnan(other_beta.costs.value[0])
+
+
+def test_the_anova_smooths_over_steps_not_over_its_updates():
+    """The ANOVA updates every probe.unit_every-th step only; its EMA factor is beta^unit_every, so its warm-up and
+    trust lag span the steps a per-step EMA's do. beta 0.95: warm-up 3/(1 - beta) = 60 steps and lag
+    (1 + beta)/(1 - beta) = 39 steps; at unit_every 4 the factor 0.95^4 = 0.8145 gives ceil(3/0.1855) = 17 updates
+    (68 steps) and ceil(1.8145/0.1855) = 10 updates (40 steps). With beta itself they were 60 and 39 updates: 240
+    and 156 steps, so a 100-step run could never trust the advice (issue 52, item 3)."""
+    from rl_training.probes.anova import AnovaEstimate, AnovaState
+
+    def anova(every: int) -> AnovaState:
+        return RolloutBudget(
+            group_size=G, units_per_step=N_GROUPS, world_size=1, ema_beta=0.95, exact_zero=True, b_multiple=2,
+            device=torch.device("cpu"), measured_every=every,
+        ).state  # fmt: skip
+
+    assert anova(1).beta == 0.95 and (anova(1).warmup, anova(1).lag) == (60, 39)
+    assert anova(4).beta == pytest.approx(0.95**4) and (anova(4).warmup, anova(4).lag) == (17, 10)
+    # a stationary, well-measured triple: trusted after warm-up + lag updates whatever the cadence, in steps
+    for every in (1, 4):
+        state, steps = anova(every), 0
+        while not state.trusted:
+            steps += every
+            between = 1.0 + 0.01 * (steps % 3)  # a little spread: the band needs a non-zero variance
+            state.update(AnovaEstimate(between, 4.0, 1.0, between + 4.0 / G, groups=N_GROUPS, k=G))
+        assert 60 <= steps <= 80, (every, steps)
