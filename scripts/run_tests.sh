@@ -9,9 +9,9 @@
 # unless RL_REQUIRE_REAL_MODEL=1), then the integration tier's modules the main lane has not reached: those marked side_lane_first,
 # then from the last (tests/lanes.py: each module runs once, in whichever lane takes it first). ~18 minutes in all
 # on 2 cores.
-# make test-demos: the demos marked one_core (reverse, code and reasoning-gym, ~12 minutes on one core) run on the
-# last core while the search demo's SFT stages hold the first (one rank, one thread: its warm start depends on that
-# arithmetic, docs/search.md); then the other demos, one after the other.
+# make test-demos: the demos marked one_core (reverse, code, reasoning-gym and the real model's short version, ~17
+# minutes on one core) run on the last core while the search demo's SFT stages hold the first (one rank, one
+# thread: its warm start depends on that arithmetic, docs/search.md); then the other demos, one after the other.
 # The side lane has temporary directories of its own and its output comes after the main lane's; the exit status
 # is the side lane's where it failed, else the main lane's. One core: everything in one lane, in order (the
 # stress tier with its own busy loops).

@@ -554,3 +554,23 @@ def metered(stats) -> dict[str, float]:
     meter = Meter()
     stats.measure(meter)
     return meter.reduce(torch.device("cpu"))
+
+
+REAL_MODEL_REQUIRED = "RL_REQUIRE_REAL_MODEL"
+
+
+def real_model_path() -> Path:
+    """The converted SmolLM2-135M-Instruct ($RL_REAL_MODEL, else scripts/get_real_model.py's output), or a skip
+    naming `make real-model`; a failure instead where RL_REQUIRE_REAL_MODEL=1 (CI converts it first: .ci/run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("get_real_model", REPO / "scripts" / "get_real_model.py")
+    grm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grm)
+    path = Path(os.environ.get("RL_REAL_MODEL", REPO / grm.DEFAULT_OUT))
+    if not grm.complete(path):
+        reason = f"no converted real model at {path}: run `make real-model`"
+        if os.environ.get(REAL_MODEL_REQUIRED) == "1":
+            pytest.fail(f"{reason} [{REAL_MODEL_REQUIRED}=1: this tier must run, not be skipped]", pytrace=False)
+        pytest.skip(reason)
+    return path
