@@ -233,10 +233,10 @@ def trainer_state(ckpt: Path) -> dict:
 REQUIRE_ENV = "RL_REQUIRE_CLUSTER_TESTS"
 
 
-def skip_unless_required(reason: str) -> NoReturn:
-    """Skip the test, or fail it when RL_REQUIRE_CLUSTER_TESTS=1."""
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{reason} [{REQUIRE_ENV}=1: this test must run, not be skipped]", pytrace=False)
+def skip_unless_required(reason: str, env: str = REQUIRE_ENV) -> NoReturn:
+    """Skip the test, or fail it when `env` (RL_REQUIRE_CLUSTER_TESTS by default) is 1."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{reason} [{env}=1: this test must run, not be skipped]", pytrace=False)
     pytest.skip(reason)
 
 
@@ -569,8 +569,5 @@ def real_model_path() -> Path:
     spec.loader.exec_module(grm)
     path = Path(os.environ.get("RL_REAL_MODEL", REPO / grm.DEFAULT_OUT))
     if not grm.complete(path):
-        reason = f"no converted real model at {path}: run `make real-model`"
-        if os.environ.get(REAL_MODEL_REQUIRED) == "1":
-            pytest.fail(f"{reason} [{REAL_MODEL_REQUIRED}=1: this tier must run, not be skipped]", pytrace=False)
-        pytest.skip(reason)
+        skip_unless_required(f"no converted real model at {path}: run `make real-model`", REAL_MODEL_REQUIRED)
     return path

@@ -100,6 +100,7 @@ class Run:
     best: BestCheckpoint  # ckpt.keep_best: the step whose checkpoint pruning keeps (rl_training/ckpt/best.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
+    advised_k_star: float | None = None  # the K* report_advice last printed
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> StepBatch
 
 
@@ -414,10 +415,9 @@ def report_advice(run: Run, metrics: dict[str, float], step: int) -> None:
     k_star = metrics.get("probe/advisor/k_star")
     if k_star is None or not metrics.get("probe/advisor/trusted") or not math.isfinite(k_star):
         return
-    shown = run.alerts.get("advice_k_star")
-    if shown is None or abs(k_star - shown) >= 1:
+    if run.advised_k_star is None or abs(k_star - run.advised_k_star) >= 1:
         dist.print0(f"[step {step}] {advice_line({'step': step, **metrics})}")
-        run.alerts["advice_k_star"] = k_star
+        run.advised_k_star = k_star
 
 
 def train(run: Run, stop: StopOnSignal) -> int:

@@ -21,7 +21,7 @@ def advice(k_star: float, trusted: bool) -> dict[str, float]:
 
 
 def test_the_advice_is_printed_when_trusted_and_when_k_star_moves(capsys):
-    run = SimpleNamespace(alerts={})
+    run = SimpleNamespace(advised_k_star=None)
     steps = [
         (4, {}),  # a step the unit level did not measure: no advice keys
         (8, advice(5.0, trusted=False)),  # not trusted yet: silent
