@@ -82,19 +82,37 @@ def doc_file(name: str, path: Path = DOC_EXTENDING) -> str:
 G = 2  # completions per prompt in the fake rollouts
 
 
-def lora_policy(model_dir, seed: int = 0):
+def lora_policy(model_dir, seed: int = 0, attn_implementation: str = "sdpa"):
     """The tiny model in float64 with a LoRA adapter whose B matrices are random (B = 0 would zero every A
     gradient). sdpa, the default: transformers 5's eager path shifts logits by ~1e-7 when every row is padded."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="sdpa")
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation=attn_implementation)
     model = apply_lora(base, LoraCfg(r=4, alpha=8))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.05)
     return model
+
+
+def unit_sq_norms(model, mb, norm: StepNorm, group_tokens=None) -> torch.Tensor:
+    """LoraUnitCapture's per-group squared gradient norms of one micro-batch's Dr-GRPO loss (epoch 0: old = new)."""
+    from rl_training.probes.capture import LoraUnitCapture
+
+    for p in trainable_parameters(model):
+        p.grad = None
+    cap = LoraUnitCapture(model)
+    with cap.capture(len(mb.group_ids), group_tokens):
+        logp = mb.unpack(token_logprobs(forward_logits(model, mb), mb.row_targets))
+        loss = policy_loss(
+            LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
+        )
+        loss.loss.backward()
+    cap.remove()
+    assert cap.hooks_ok and cap.error is None
+    return cap.unit_sq_norms.clone()
 
 
 def fake_rollouts(n_groups: int, seed: int = 0) -> Rollouts:
@@ -140,6 +158,8 @@ def grads_after(
     correction=None,
     pack_row_tokens=None,
     probes=None,
+    share_prompt=False,
+    group_size=G,
 ):
     """Run one update with lr 0 and no clipping; return the flat gradient of the last epoch and the update's meter,
     reduced (base/meter.py: .logged, .totals, .pers, .kept)."""
@@ -147,7 +167,16 @@ def grads_after(
     opt = torch.optim.SGD(params, lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     mbs = make_micro_batches(
-        rollouts, adv, G, groups_per_micro, 0, torch.device("cpu"), drop, extra_pad, pack_row_tokens
+        rollouts,
+        adv,
+        group_size,
+        groups_per_micro,
+        0,
+        torch.device("cpu"),
+        drop,
+        extra_pad,
+        pack_row_tokens,
+        share_prompt=share_prompt,
     )
     o = OBJECTIVES[objective]
     hp = UpdateHParams(

@@ -88,6 +88,16 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
             "flash-attention packs each micro-batch into one row (its varlen path reads the sequence boundaries "
             "only in a batch of one row); leave train.pack_row_tokens at 0"
         )
+    if training and t.share_prompt and cfg.model.attn_implementation == "flash_attention_2":
+        raise ConfigError(
+            f"{where}train.share_prompt=true with model.attn_implementation=flash_attention_2: the shared rows need "
+            "a custom attention mask, which flash-attention does not take; use sdpa, or leave train.share_prompt off"
+        )
+    if training and t.share_prompt and t.pack_sequences:
+        raise ConfigError(
+            f"{where}train.share_prompt=true with train.pack_sequences=true: a micro-batch runs as one layout; "
+            "choose one (share_prompt runs each group as one row, which already pads little)"
+        )
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"{where}rollout.min_new_tokens={cfg.rollout.min_new_tokens} > rollout.max_new_tokens="

@@ -160,6 +160,13 @@ class TrainCfg:
         "flash_attention_2 always packs a micro-batch into one row (must be 0 there).",
         ge=0,
     )
+    share_prompt: bool = _f(
+        False,
+        "Run each prompt group as one row, its prompt once and its completions after it behind a mask that keeps "
+        "them apart (rl_training/train/shared_prompt.py): the padded rows' log-probs, and the prompt's tokens "
+        "through the model once instead of group_size times. sdpa or eager; the probes' per-sequence steps "
+        "(probe.advisor, every probe.unit_every) run padded.",
+    )
 
 
 @dataclass

@@ -78,6 +78,9 @@ class NullProbes:
     def micro(self, mb):
         return nullcontext()
 
+    def per_sequence(self, step: int) -> bool:
+        return False
+
     def before_allreduce(self) -> None: ...
 
     def after_allreduce(self) -> None: ...
@@ -165,6 +168,11 @@ class StepProbes:
         self.log_rho_all: list[torch.Tensor] = []
         self.seq_log_w: list[torch.Tensor] = []
 
+    def per_sequence(self, step: int) -> bool:
+        """Whether step `step`'s capture reads each sequence's own gradient (the advisor's ANOVA, on unit_every
+        steps): a shared-prompt row cannot give it (train/shared_prompt.py), so such a step runs padded."""
+        return self.budget is not None and "unit" in self.levels and step % self.unit_every == 0
+
     def begin_step(
         self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0, rewards=()
     ) -> None:
@@ -196,6 +204,8 @@ class StepProbes:
                 self.micro_cap.arm()
                 armed.append(self.micro_cap)
             if self.unit_cap and self.unit_on:
+                if self.budget and getattr(mb, "shared", None) is not None:  # Learner.learn never builds this
+                    raise RuntimeError("per-sequence capture of shared-prompt rows: a prompt's gradient is summed")
                 packed = getattr(mb, "packed", None)  # PackedRows of a padding-free micro-batch
                 tokens = None if packed is None else packed.group_tokens
                 per_seq = {"group_size": self.G, "seq_tokens": getattr(packed, "seq_tokens", None)}

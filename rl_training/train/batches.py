@@ -1,5 +1,6 @@
-"""Micro-batches of whole prompt groups, and the policy's forward over them (padded rows, or packed ones:
-train/packing.py): the trainer's log-probs come from `forward_logits` + algs/common.py token_logprobs."""
+"""Micro-batches of whole prompt groups, and the policy's forward over them (padded rows, packed ones:
+train/packing.py, or one row per group behind a shared prompt: train/shared_prompt.py): the trainer's log-probs
+come from `forward_logits` + algs/common.py token_logprobs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from rl_training.algs.common import token_logprobs, zero_adv_groups
 from rl_training.rollout.base import Rollouts
 from rl_training.train.packing import PackedRows, pack_sequences, packed_to
+from rl_training.train.shared_prompt import SharedRows, groups_share_prompts, share_prompts
 
 
 @dataclass
@@ -28,6 +30,7 @@ class MicroBatch:
     packed: PackedRows | None = None  # the same sequences without padding (train.pack_sequences); the model runs on it
     turn: torch.Tensor | None = None  # [B,T-1] turn number (1..) of each target in `mask`, 0 elsewhere; multi-turn
     head_from: int = 0  # first position whose logits any row needs (padded rows: the shortest prompt's last token)
+    shared: SharedRows | None = None  # one row per group behind its prompt (train.share_prompt); the model runs on it
 
     def __post_init__(self):
         self.n_units = self.n_units or len(self.group_ids)
@@ -40,11 +43,16 @@ class MicroBatch:
 
     @property
     def row_targets(self) -> torch.Tensor:
-        """The targets of the logits forward_logits returns: [B,T-1-head_from] padded, [R,W-1] packed."""
+        """The targets of the logits forward_logits returns: [B,T-1-head_from] padded, [R,W-1] packed, [B,C]
+        shared (each sequence's completion tokens)."""
+        if self.shared is not None:
+            return self.shared.targets
         return self.targets[:, self.head_from :] if self.packed is None else self.packed.targets
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """Per-position values of the rows the model ran on -> the padded [B,T-1] layout (0 before head_from)."""
+        if self.shared is not None:
+            return self.shared.unpack(x)
         if self.packed is not None:
             return self.packed.unpack(x)
         return torch.nn.functional.pad(x, (self.head_from, 0)) if self.head_from else x
@@ -61,6 +69,7 @@ def make_micro_batches(
     extra_pad: int = 0,
     pack_row_tokens: int | None = None,
     zero_groups: torch.Tensor | None = None,
+    share_prompt: bool = False,
 ) -> list[MicroBatch]:
     """Pack whole prompt groups into micro-batches (a group is never split).
 
@@ -71,7 +80,9 @@ def make_micro_batches(
     their advantages (`n_units` keeps its full size).
     `pack_row_tokens` not None: each micro-batch also carries its sequences packed without padding into rows
     of max(pack_row_tokens, longest sequence) tokens (rl_training/train/packing.py), which the model then runs on.
-    `zero_groups`: the groups' zero-advantage flags when the caller has them (algs/common.py zero_adv_groups)."""
+    `zero_groups`: the groups' zero-advantage flags when the caller has them (algs/common.py zero_adv_groups).
+    `share_prompt`: each micro-batch also carries its groups as shared-prompt rows (train/shared_prompt.py), which
+    the model then runs on, when every group's sequences repeat one prompt (else it stays padded or packed)."""
     n_groups = len(rollouts) // group_size
     zero = zero_adv_groups(advantages, group_size) if zero_groups is None else zero_groups
     blocks = [list(range(s, min(s + groups_per_micro, n_groups))) for s in range(0, n_groups, groups_per_micro)]
@@ -109,8 +120,12 @@ def make_micro_batches(
         mask = torch.tensor(mask_l)
         rlogp = torch.tensor(rlogp_l)
         turn = torch.tensor(turn_l, dtype=torch.long) if turn_l is not None else None
-        packed = None
-        if pack_row_tokens is not None:
+        packed = shared = None
+        prompts = [rollouts.prompt_ids[r] for r in rows]
+        if share_prompt and groups_share_prompts(prompts, group_size):
+            completions = [rollouts.completion_ids[r] for r in rows]
+            shared = share_prompts(prompts, completions, group_size, pad_id, width).to(device)
+        elif pack_row_tokens is not None:
             packed = packed_to(pack_sequences(seqs, group_size, pad_id, pack_row_tokens, width), device)
         out.append(
             MicroBatch(
@@ -123,6 +138,7 @@ def make_micro_batches(
                 group_ids=gids,
                 n_units=len(block),
                 packed=packed,
+                shared=shared,
                 turn=turn.to(device) if turn is not None else None,
                 head_from=min(len(rollouts.prompt_ids[r]) for r in rows) - 1,
             )
@@ -137,7 +153,19 @@ def forward_logits(model, mb: MicroBatch) -> torch.Tensor:
 
     Padded rows skip the LM head on the prompt positions no loss term reads (transformers' logits_to_keep): with a
     49k vocabulary that projection and its log-softmax are most of a short completion's cost (SmolLM2-135M, 32 x
-    80 tokens of which 24 needed: 8.2 s forward + backward instead of 15.8 s on 2 cores)."""
+    80 tokens of which 24 needed: 8.2 s forward + backward instead of 15.8 s on 2 cores).
+
+    Shared-prompt rows return [B,C,V]: each sequence's completion-token logits gathered from its group's row (the
+    prompt's last position once per sequence; backward sums those)."""
+    if mb.shared is not None:
+        s = mb.shared
+        keep = s.input_ids.shape[1] - s.head_from
+        kw = {"logits_to_keep": keep} if takes_logits_to_keep(model) else {}
+        impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        mask = s.mask_for(impl, model.get_input_embeddings().weight.dtype)
+        out = model(input_ids=s.input_ids, attention_mask=mask, position_ids=s.position_ids, use_cache=False, **kw)
+        logits = out.logits if kw else out.logits[:, s.head_from :]
+        return logits.reshape(-1, logits.shape[-1])[s.take]
     if mb.packed is not None:
         p = mb.packed
         n = p.max_length

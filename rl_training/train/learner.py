@@ -279,6 +279,7 @@ class Learner:
     pad_id: int
     pack_row_tokens: int | None  # train.pack_sequences: the packed row width; None = padded micro-batches
     overlong_filter: bool = False  # loss.overlong_filter: truncated responses carry no loss term
+    share_prompt: bool = False  # train.share_prompt: each group one row behind its prompt (train/shared_prompt.py)
 
     @classmethod
     def from_config(cls, cfg, derived, *, max_trainable_tokens: int, pad_id: int, **parts) -> Learner:
@@ -301,6 +302,7 @@ class Learner:
             pad_id=pad_id,
             pack_row_tokens=packing,
             overlong_filter=cfg.loss.overlong_filter,
+            share_prompt=t.share_prompt,
             **parts,
         )
 
@@ -337,6 +339,7 @@ class Learner:
             self.drop_zero_adv_groups,
             pack_row_tokens=self.pack_row_tokens,
             zero_groups=zero,
+            share_prompt=self.share_prompt and not self.probes.per_sequence(step),
         )
         trainable = [ro.trainable(i) for i in range(len(ro))]
         norm = step_norm(sum(trainable), self.seqs_per_rank, self.max_trainable_tokens, self.device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_training.algs.common import token_logprobs
 from rl_training.base import dist
 from rl_training.config.load import load_config
 from rl_training.data.prompts import encode_prompts
@@ -17,7 +18,7 @@ from rl_training.rollout.base import SamplingSpec
 from rl_training.rollout.hf import HFBackend
 from rl_training.runners import rl_runner, sft_runner
 from rl_training.tasks.build import build_task
-from rl_training.train.batches import make_micro_batches
+from rl_training.train.batches import forward_logits, make_micro_batches
 from tests.helpers import REAL_RL_CFG as RL_CFG
 from tests.helpers import perturb_adapter
 
@@ -95,6 +96,25 @@ def test_trainer_and_vllm_logprobs_agree_within_the_canary_threshold(engine_run)
     assert metrics["rollout/logp_diff_mean"] < 1e-3, metrics["rollout/logp_diff_mean"]
     assert metrics["is/ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     assert metrics["guard/canary_over_steps"] == 0
+
+
+def test_shared_prompt_rows_give_the_padded_rows_and_vllms_logprobs(engine_run):
+    """train.share_prompt on the real model's chat prompts (train/shared_prompt.py): each group's prompt once, and the
+    log-probs of the padded rows (float32: summation order only) and of the sampler (the canary's threshold)."""
+    run = engine_run
+    ro = run.backend.generate(run.prompts[:4], SamplingSpec(n=4, max_new_tokens=16, seed=5))
+    adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
+    pad, cpu = run.tokenizer.pad_token_id, torch.device("cpu")
+    (mb,) = make_micro_batches(ro, adv, 4, 4, pad, cpu)
+    (sh,) = make_micro_batches(ro, adv, 4, 4, pad, cpu, share_prompt=True)
+    assert sh.shared.input_ids.numel() < mb.input_ids.numel() / 2  # a template prompt of ~70 tokens, once not 4x
+    with torch.no_grad():
+        padded = mb.unpack(token_logprobs(forward_logits(run.model, mb), mb.row_targets))
+        shared = sh.unpack(token_logprobs(forward_logits(run.model, sh), sh.row_targets))
+    m = mb.mask.bool()
+    assert m.sum() == sum(len(c) for c in ro.completion_ids)
+    assert (shared - padded)[m].abs().max() < 1e-4
+    assert (shared - mb.rollout_logp)[m].abs().mean() < 1e-3  # rollout.canary_max_logp_diff's float32 default
 
 
 def greedy_agrees(model, prompt: list[int], completion: list[int], tol: float = 1e-4) -> bool:

@@ -121,6 +121,20 @@ def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        ("model.attn_implementation=flash_attention_2", "a custom attention mask, which flash-attention does not take"),
+        ("train.pack_sequences=true", "a micro-batch runs as one layout; choose one"),
+    ],
+)
+def test_shared_prompts_refused_where_a_micro_batch_cannot_take_them(other, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, ["train.share_prompt=true", other])
+    load_config(None, ["train.share_prompt=true"])  # alone: sdpa, padded otherwise
+    load_config(None, [other])
+
+
+@pytest.mark.parametrize(
     ("overrides", "dropped"),
     [
         ([], True),  # the default: auto, and kl_coef defaults to 0, where dropping is exact

@@ -7,12 +7,10 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
-from rl_training.policy.models import trainable_parameters
-from rl_training.probes.capture import LoraUnitCapture
 from rl_training.rollout.base import Rollouts
 from rl_training.train.batches import forward_logits, make_micro_batches
 from rl_training.train.packing import ONE_ROW, first_fit_rows, pack_sequences, padded_tokens, row_tokens_for
-from tests.helpers import G, grads_after, lora_policy
+from tests.helpers import G, grads_after, lora_policy, unit_sq_norms
 
 CPU = torch.device("cpu")
 
@@ -107,27 +105,15 @@ def test_packed_old_logprobs_equal_new_in_epoch_zero(policy):
 
 def test_unit_probe_norms_equal_padded(policy):
     """LoraUnitCapture's exact per-group squared norms, packed rows gathered group by group = padded rows."""
-    from rl_training.algs.objectives import OBJECTIVES, LossInput, StepNorm, policy_loss
+    from rl_training.algs.objectives import StepNorm
 
     ro = skewed_rollouts(3, seed=9)
     adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
     norm = StepNorm(seqs=len(ro), tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=32)
-    params = trainable_parameters(policy)
     out = []
     for row_tokens in (None, 0):
         (mb,) = make_micro_batches(ro, adv, G, 3, 0, CPU, pack_row_tokens=row_tokens)
-        cap = LoraUnitCapture(policy)
-        for p in params:
-            p.grad = None
-        with cap.capture(3, None if mb.packed is None else mb.packed.group_tokens):
-            logp = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
-            loss = policy_loss(
-                LossInput(OBJECTIVES["dr_grpo"], logp, logp.detach(), mb.advantages, mb.mask, norm, 0.2, 0.2)
-            )
-            loss.loss.backward()
-        cap.remove()
-        assert cap.hooks_ok and cap.error is None
-        out.append(cap.unit_sq_norms.clone())
+        out.append(unit_sq_norms(policy, mb, norm, None if mb.packed is None else mb.packed.group_tokens))
     assert out[0].min() > 0
     torch.testing.assert_close(out[1], out[0], rtol=1e-9, atol=0)
 
