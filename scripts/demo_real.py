@@ -13,7 +13,8 @@ survey in docs/real_model.md, scripts/survey_real_model.py), with its prompts in
   problem's answer (scripts/shuffled_reward.py): rewards of the same scale, unrelated to the question.
 Held-out scores (the eval pipeline: the training grader and prompts, greedy and eval.num_samples samples at the
 training temperature on the split's eval.num_prompts problems): the SFT start by `evals.run` (step 0 of the first
-run), each RL result by its in-loop eval at its last step. RL runs go two at a time on two cores, one core each.
+run), each RL result by its in-loop eval at its last step. The RL runs and the start's eval share the two cores,
+one core each, each starting as soon as a core is free.
 The gain is the mean over seeds of (after RL - SFT start); the seed spread is max - min of the seeds' results;
 RL shows a gain where the gain exceeds the spread. Extra key=value arguments override the RL config. Numbers and
 times go to runs/real_<time>_rl<first seed>/demo_summary.json.
@@ -65,33 +66,41 @@ def require_real_model(path: str) -> None:
         raise SystemExit(f"demo-real: no converted model at {path}: run `make real-model` first")
 
 
-def in_pairs(cfg: str, overs: dict[str, list[str]]) -> None:
-    """The RL runs (label -> overrides), two at a time on two cores, one core each (one after another on one)."""
+def on_two_cores(jobs: dict[str, list[str]]) -> None:
+    """The commands (label -> command line) on two cores, one core each: each job starts as soon as a core is free, in
+    order, except the last, which waits for a first job to finish (it reads the first RL run's directory); one after
+    another on one core. A failed job stops the demo once the running ones are done."""
     cores = sorted(os.sched_getaffinity(0))
-    labels = list(overs)
     if len(cores) < 2:
-        for label in labels:
-            torchrun("rl_runner.py", cfg, overs[label])
+        for cmd in jobs.values():
+            sh(cmd)
         return
-    for i in range(0, len(labels), 2):
-        procs = []
-        for label, core in zip(labels[i : i + 2], cores[-2:], strict=False):
-            cmd = torchrun_cmd("rl_runner.py", cfg, overs[label])
+    waiting = list(jobs.items())
+    running: dict[int, tuple[str, subprocess.Popen, object, int]] = {}  # pid -> (label, proc, log, core)
+    free, finished, failed = list(cores[-2:]), 0, []
+    while waiting or running:
+        while waiting and free and (len(waiting) > 1 or finished or len(jobs) == 1):
+            (label, cmd), core = waiting.pop(0), free.pop(0)
             print(f"+ [core {core}]", " ".join(cmd), flush=True)
             log = tempfile.TemporaryFile("w+")
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, **pinned({core}))
-            procs.append((label, proc, log))
-        failed = []
-        for label, proc, log in procs:
-            proc.wait()
-            log.seek(0)
-            text = log.read()
-            log.close()
-            print(f"--- RL run {label} (last lines) ---\n" + "\n".join(text.splitlines()[-4:]), flush=True)
-            if proc.returncode:
-                failed.append(f"{label}: exit {proc.returncode}\n{text[-3000:]}")
-        if failed:
-            raise SystemExit("RL failed: " + "\n".join(failed))
+            running[proc.pid] = (label, proc, log, core)
+        pid, status = os.wait()  # the next child to end (every child here is one of these jobs)
+        if pid not in running:
+            continue
+        label, proc, log, core = running.pop(pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        free.append(core)
+        finished += 1
+        log.seek(0)
+        text = log.read()
+        log.close()
+        print(f"--- {label} (last lines) ---\n" + "\n".join(text.splitlines()[-4:]), flush=True)
+        if proc.returncode:
+            failed.append(f"{label}: exit {proc.returncode}\n{text[-3000:]}")
+            waiting.clear()
+    if failed:
+        raise SystemExit("demo-real failed: " + "\n".join(failed))
 
 
 def shuffled_overrides(cfg) -> list[str]:
@@ -105,9 +114,12 @@ def inloop_metrics(run_dir: Path, step: int) -> dict:
     return json.loads((run_dir / "eval" / "inloop" / f"step_{step:06d}.json").read_text())["metrics"]
 
 
-def start_metrics(run_dir: Path) -> dict:
+def start_eval_cmd(run_dir: Path) -> list[str]:
     """The SFT start (step 0 of an RL run: its base model, the adapter's delta exactly 0) through evals.run."""
-    sh([sys.executable, "-m", "evals.run", "--run-dir", str(run_dir), "--steps", "0", "--name", "start"])
+    return [sys.executable, "-m", "evals.run", "--run-dir", str(run_dir), "--steps", "0", "--name", "start"]
+
+
+def start_metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "eval" / "start" / "step_000000.json").read_text())["metrics"]
 
 
@@ -169,9 +181,10 @@ def main() -> int:
     if not a.skip_ablation:
         shuffled = [f"run.name=real_{stamp}_shuffled", f"train.seed={seeds[0]}", *common, *shuffled_overrides(rl_cfg)]
         overs["shuffled"] = shuffled
-    in_pairs(RL_CFG, overs)
-    t_rl = time.time()
     dirs = {label: REPO / rl_cfg.run.output_dir / f"real_{stamp}_{label}" for label in overs}
+    jobs = {label: torchrun_cmd("rl_runner.py", RL_CFG, o) for label, o in overs.items()}
+    on_two_cores({**jobs, "SFT start eval": start_eval_cmd(dirs[f"rl{seeds[0]}"])})
+    t_rl = time.time()
     start = start_metrics(dirs[f"rl{seeds[0]}"])
     if start["format_rate"] < FORMAT_FLOOR:  # the warm start's one job; RL from a start without it is not the demo
         raise SystemExit(
@@ -193,7 +206,7 @@ def main() -> int:
             f"{'above' if shown else 'NOT above'} the seed spread {gated['spread']:.3f}"
             + (f"; the shuffled-reward ablation's change {ablation[GATED] - start[GATED]:+.3f}" if ablation else "")
         )
-    times = {"sft_s": t_sft - t0, "rl_s": t_rl - t_sft, "eval_s": time.time() - t_rl, "total_s": time.time() - t0}
+    times = {"sft_s": t_sft - t0, "rl_and_eval_s": t_rl - t_sft, "total_s": time.time() - t0}
     print("times: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     summary = {
         "task": rl_cfg.task.name,
