@@ -65,6 +65,18 @@ class RolloutCfg:
         gt=0,
         le=1,
     )
+    dynamic_sampling: bool = _f(
+        False,
+        "DAPO's dynamic sampling: after scoring, refill the groups whose rewards all tie (zero advantage) with "
+        "groups of newly drawn prompts until the step trains on prompts_per_step informative groups "
+        "(rl_training/rollout/refill.py; counted as rollout/refill_* and rollout/completions_generated).",
+    )
+    dynamic_sampling_max_rounds: int = _f(
+        3,
+        "Refill rounds a step may run (each draws about the missing groups over the informative fraction seen); "
+        "short after the last, the step keeps some tied groups (zero gradient).",
+        ge=1,
+    )
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
     max_async_level: int = _f(
         0,

@@ -98,6 +98,11 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
             f"{where}train.share_prompt=true with train.pack_sequences=true: a micro-batch runs as one layout; "
             "choose one (share_prompt runs each group as one row, which already pads little)"
         )
+    if training and cfg.rollout.dynamic_sampling and cfg.loss.kl_coef > 0:
+        raise ConfigError(
+            f"{where}rollout.dynamic_sampling=true with loss.kl_coef={cfg.loss.kl_coef}: a group whose rewards tie "
+            "still has a KL gradient, which replacing it would silently remove; set one of them off"
+        )
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"{where}rollout.min_new_tokens={cfg.rollout.min_new_tokens} > rollout.max_new_tokens="

@@ -61,6 +61,9 @@ def encode_prompts(examples: list[Example], data_cfg, tokenizer, task) -> list[l
     return out
 
 
+REFILL_STREAM = 0xD5  # keeps the refill draws' seeds apart from the epoch permutations' [seed, epoch]
+
+
 @dataclass(frozen=True)
 class PromptSampler:
     """Which prompts each rank trains on at each step: a pure function of (seed, step, rank).
@@ -86,6 +89,13 @@ class PromptSampler:
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, offset into that epoch's permutation) at the start of 0-based `step`."""
         return step // self.steps_per_epoch, (step % self.steps_per_epoch) * self.prompts_per_step
+
+    def refill_indices(self, step: int, rank: int, round_: int, n: int) -> list[int]:
+        """`n` distinct prompts for refill round `round_` (1, 2, ...) of `step` on `rank` (rollout.dynamic_sampling):
+        a seeded draw from the whole dataset, a pure function of (seed, step, rank, round), so a resumed run
+        refills with the same prompts. The step's own prompts may be drawn again."""
+        rng = np.random.default_rng([self.seed, step, rank, round_, REFILL_STREAM])
+        return rng.choice(self.n, size=min(n, self.n), replace=False).tolist()
 
     def indices(self, step: int, rank: int) -> list[int]:
         epoch, offset = self.position(step)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN
+
 
 def _zero(device=None) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float64, device=device)
@@ -125,3 +127,34 @@ def nan_quantile(x: torch.Tensor, q: float) -> torch.Tensor:
     frac = (pos - lo).to(s.dtype)
     out = torch.where(frac == 0, a, a + frac * (b - a))  # an infinite value stays itself (inf - inf is NaN)
     return torch.where(n > 0, out, torch.full_like(out, math.nan))
+
+
+def step_metrics(ess: dict, t: dict, p999: float, groups: list[float], bad: float) -> dict[str, float]:
+    """The step's probe/ess/* and is/* from the reduced ESS accumulators `ess`, the token sums `t`, the 99.9th
+    percentile ratio `p999`, the sorted group ESS values `groups` and the non-finite weight count `bad`."""
+    tok, tok_raw, sq, ppo = ess["tok_used"], ess["tok_raw"], ess["seq"], ess["ppo"]
+    n_tok = max(t["tok"], 1.0)
+    lr_mean = t["lr.sum"] / n_tok
+    return {
+        "probe/ess/token": tok.ness,
+        "probe/ess/token_raw": tok_raw.ness,
+        "probe/ess/seq": sq.ness,
+        "probe/ess/seq_abs": sq.ess,
+        "probe/ess/group_min": groups[0] if groups else math.nan,
+        "probe/ess/group_median": groups[(len(groups) - 1) // 2] if groups else math.nan,  # lower median
+        "probe/ess/ppo_token": ppo.ness if ppo.defined else 1.0,  # one epoch: the PPO ratio is exactly 1
+        "probe/ess/adv_seq": ess["adv_seq"].ness,
+        "probe/ess/adv_token": ess["adv_tok"].ness,
+        "probe/ess/defined": float(tok.defined and tok_raw.defined),
+        "probe/ess/nonfinite": bad,  # NaN or +inf token weights this step (a corrupted log-prob): ESS 0
+        "probe/ess/ref_warn": ESS_WARN,  # constant reference lines for the off-policy chart
+        "probe/ess/ref_critical": ESS_CRITICAL,
+        # is/ratio_mean, is/ratio_max and is/trunc_frac come with the trainer's rollout canary.
+        "is/log_ratio_mean": lr_mean,
+        "is/log_ratio_std": math.sqrt(max(t["lr.sq"] / n_tok - lr_mean**2, 0.0)),
+        "is/ratio_p99_9": p999,  # max over ranks of each rank's 99.9th percentile
+        "is/kl_k1": t["k1"] / n_tok,
+        "is/kl_k3": t["k3"] / n_tok,
+        "is/chi2_token": t["rho2"] / n_tok - 1.0,
+        "is/chi2_seq": (1.0 / sq.ness - 1.0) if sq.defined and sq.ness > 0 else math.nan,
+    }

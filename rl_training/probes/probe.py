@@ -39,7 +39,7 @@ from rl_training.base import dist
 from rl_training.probes import ess as ess_math
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
-from rl_training.probes.dashboard import ESS_CRITICAL, ESS_WARN, alerts, mismatch_ess
+from rl_training.probes.dashboard import alerts, mismatch_ess
 from rl_training.probes.gns import GNSTracker, Hysteresis, SmallBatchSums, b_star, level_report, recommend_batch
 from rl_training.probes.guard import ProbeGuard
 from rl_training.probes.lora_health import lora_health
@@ -98,6 +98,7 @@ class NullProbes:
 
 class StepProbes:
     enabled = True
+    _ess_format = staticmethod(ess_math.step_metrics)  # an attribute: a test replaces it on one instance
 
     def __init__(
         self,
@@ -421,34 +422,6 @@ class StepProbes:
         if out["probe/ess/defined"] and not bad_tokens:
             self.ess_history.append(mismatch_ess(out))
         return out
-
-    def _ess_format(self, ess: dict, t: dict, p999: float, groups: list[float], bad: float) -> dict[str, float]:
-        tok, tok_raw, sq, ppo = ess["tok_used"], ess["tok_raw"], ess["seq"], ess["ppo"]
-        n_tok = max(t["tok"], 1.0)
-        lr_mean = t["lr.sum"] / n_tok
-        return {
-            "probe/ess/token": tok.ness,
-            "probe/ess/token_raw": tok_raw.ness,
-            "probe/ess/seq": sq.ness,
-            "probe/ess/seq_abs": sq.ess,
-            "probe/ess/group_min": groups[0] if groups else math.nan,
-            "probe/ess/group_median": groups[(len(groups) - 1) // 2] if groups else math.nan,  # lower median
-            "probe/ess/ppo_token": ppo.ness if ppo.defined else 1.0,  # one epoch: the PPO ratio is exactly 1
-            "probe/ess/adv_seq": ess["adv_seq"].ness,
-            "probe/ess/adv_token": ess["adv_tok"].ness,
-            "probe/ess/defined": float(tok.defined and tok_raw.defined),
-            "probe/ess/nonfinite": bad,  # NaN or +inf token weights this step (a corrupted log-prob): ESS 0
-            "probe/ess/ref_warn": ESS_WARN,  # constant reference lines for the off-policy chart
-            "probe/ess/ref_critical": ESS_CRITICAL,
-            # is/ratio_mean, is/ratio_max and is/trunc_frac come with the trainer's rollout canary.
-            "is/log_ratio_mean": lr_mean,
-            "is/log_ratio_std": math.sqrt(max(t["lr.sq"] / n_tok - lr_mean**2, 0.0)),
-            "is/ratio_p99_9": p999,  # max over ranks of each rank's 99.9th percentile
-            "is/kl_k1": t["k1"] / n_tok,
-            "is/kl_k3": t["k3"] / n_tok,
-            "is/chi2_token": t["rho2"] / n_tok - 1.0,
-            "is/chi2_seq": (1.0 / sq.ness - 1.0) if sq.defined and sq.ness > 0 else math.nan,
-        }
 
     def _gns_metrics(self, p0: float, mean_group_tokens: float) -> dict[str, float]:
         out: dict[str, float] = {"probe/gns/degenerate_group_frac": p0, "probe/gns/hook_errors": self.hook_errors}

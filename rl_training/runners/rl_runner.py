@@ -21,10 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from rl_training.algs.shaping import overlong_penalty
 from rl_training.base import dist, faults
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
 from rl_training.base.meter import Meter
@@ -52,18 +50,19 @@ from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.lora_health import lora_health_due
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
-from rl_training.rollout.base import RolloutBackend, SamplingSpec, StepBatch
+from rl_training.rollout.base import RolloutBackend, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.rollout.kinds import BackendKind, backend_kind
 from rl_training.runners.monitor import advice_line
+from rl_training.runners.rl_batch import generate_step, refill_step, score_batch, shaped_rewards
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
 from rl_training.runtime.platform_check import require_working_cuda
 from rl_training.runtime.seeding import seed_all, set_cpu_threads
 from rl_training.runtime.stopping import StopOnSignal
-from rl_training.tasks.base import Scores, Task, score_completions
+from rl_training.tasks.base import Scores, Task
 from rl_training.tasks.build import build_task, task_context
 from rl_training.train.drift_guard import DriftGuard
 from rl_training.train.learner import Learned, Learner
@@ -256,24 +255,6 @@ def past_version_dir(ckpt, version: int):
     return path
 
 
-def generate_step(run: Run, step: int) -> StepBatch:
-    """This rank's prompts of step `step` and their G completions each: the one call that makes a step's batch.
-    With rollout.max_async_level > 0 the producer thread runs it, so it calls no collective."""
-    cfg, G = run.cfg, run.cfg.rollout.group_size
-    idx = run.sampler.indices(step, run.info.rank)
-    spec = SamplingSpec(
-        n=G,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        min_new_tokens=cfg.rollout.min_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        seed=sampling_seed(cfg.train.seed, run.info.rank, step),
-    )
-    examples = [run.examples[i] for i in idx]
-    rollouts = run.backend.generate([run.prompts[i] for i in idx], spec, examples=examples)
-    return StepBatch(idx, rollouts, G, [ex for ex in examples for _ in range(G)])
-
-
 def publish(run: Run, step: int) -> None:
     """New weights into the rollout backend after step `step`: version step + 1 (a skipped update too, so
     that version n is always the policy after n steps, the number the async producer waits for)."""
@@ -289,8 +270,11 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         batch = run.rollouts.get(step)
     meter.ready({**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)})
     with timer("score"):
-        scores = score_completions(run.task, batch.rollouts.texts, batch.examples, run.cfg.reward.timeout_s)
-        rewards = shaped_rewards(run, meter, batch.rollouts, scores.rewards)
+        scored = score_batch(run, batch)
+    if run.cfg.rollout.dynamic_sampling:  # generation and scoring of the refill rounds, in their phases
+        scored = refill_step(run, step, scored, meter, timer)
+    batch, scores = scored.batch, scored.scores
+    rewards = shaped_rewards(run, meter, batch.rollouts, scored.rewards)
     with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
         learned = run.learner.learn(batch, rewards, step, meter, before_update=run.backend.sleep)
     with timer("sync"):
@@ -310,19 +294,6 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         gaps = dict(zip(learned.rows, meter.kept.get("logp_gap", []), strict=True))
         run.samples(step + 1, batch.rollouts, scores, learned.advantages, gaps, run.logger)
     return metrics
-
-
-def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[float]:
-    """The rewards the learner trains on: the task's minus DAPO's soft overlong penalty (reward.overlong_buffer;
-    algs/shaping.py) over the response budget, metered when on (rollout/reward_mean stays the task's reward)."""
-    r = run.cfg.reward
-    if not r.overlong_buffer:
-        return rewards
-    lengths = [ro.trainable(i) for i in range(len(ro))]
-    pen = overlong_penalty(lengths, run.learner.max_trainable_tokens, r.overlong_buffer, r.overlong_penalty)
-    meter.mean("reward/overlong_penalty_mean", sum(pen), per=len(pen))
-    meter.mean("reward/overlong_penalized_frac", sum(p > 0 for p in pen), per=len(pen))
-    return [x - p for x, p in zip(rewards, pen, strict=True)]
 
 
 def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool) -> StepWork:
@@ -358,11 +329,6 @@ def maybe_eval(run: Run, step: int) -> dict[str, float]:
     if run.evaluator is None or not run.evaluator.due(step):
         return {}
     return run.evaluator(run.backend, step)
-
-
-def sampling_seed(seed: int, rank: int, step: int) -> int:
-    """A sampling seed that is a pure function of (seed, rank, step), so a resumed run samples the same."""
-    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0] % 2**31)
 
 
 def checkpoint(run: Run, step: int) -> None:

@@ -101,20 +101,7 @@ def make_micro_batches(
         # Python lists, one tensor each: per-row tensor construction and slicing dominated this function
         ids_l = [x + [pad_id] * (width - len(x)) for x in seqs]
         attn_l = [[1] * len(x) + [0] * (width - len(x)) for x in seqs]
-        mask_l, rlogp_l = [], []
-        turn_l: list | None = [] if rollouts.turn_index is not None else None
-        for r in rows:
-            p, c = len(rollouts.prompt_ids[r]), len(rollouts.completion_ids[r])
-            # position t predicts token t+1: completion tokens p..p+c-1 are predicted at p-1..p+c-2
-            # loss_mask (multi-turn): 0 on observation tokens, which are never trained on
-            lm = [1.0] * c if rollouts.loss_mask is None else [float(x) for x in rollouts.loss_mask[r]]
-            tail = [0.0] * (width - p - c)
-            mask_l.append([0.0] * (p - 1) + lm + tail)
-            rlogp_l.append(
-                [0.0] * (p - 1) + [lp * m for lp, m in zip(rollouts.logprobs[r][:c], lm, strict=True)] + tail
-            )
-            if turn_l is not None:
-                turn_l.append([0] * (p - 1) + list(rollouts.turn_index[r]) + [0] * (width - p - c))
+        mask_l, rlogp_l, turn_l = _prediction_rows(rollouts, rows, width)
         ids = torch.tensor(ids_l, dtype=torch.long)
         attn = torch.tensor(attn_l, dtype=torch.long)
         mask = torch.tensor(mask_l)
@@ -144,6 +131,23 @@ def make_micro_batches(
             )
         )
     return out
+
+
+def _prediction_rows(rollouts: Rollouts, rows: list[int], width: int):
+    """Per row, in the padded layout of `width`: the loss mask, the sampler's log-probs under it, and the turns
+    (None for single-turn). Position t predicts token t+1: completion tokens p..p+c-1 are predicted at p-1..p+c-2;
+    loss_mask (multi-turn) is 0 on observation tokens, which are never trained on."""
+    mask_l, rlogp_l = [], []
+    turn_l: list | None = [] if rollouts.turn_index is not None else None
+    for r in rows:
+        p, c = len(rollouts.prompt_ids[r]), len(rollouts.completion_ids[r])
+        lm = [1.0] * c if rollouts.loss_mask is None else [float(x) for x in rollouts.loss_mask[r]]
+        tail = [0.0] * (width - p - c)
+        mask_l.append([0.0] * (p - 1) + lm + tail)
+        rlogp_l.append([0.0] * (p - 1) + [lp * m for lp, m in zip(rollouts.logprobs[r][:c], lm, strict=True)] + tail)
+        if turn_l is not None:
+            turn_l.append([0] * (p - 1) + list(rollouts.turn_index[r]) + [0] * (width - p - c))
+    return mask_l, rlogp_l, turn_l
 
 
 def forward_logits(model, mb: MicroBatch) -> torch.Tensor:

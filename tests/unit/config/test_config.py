@@ -120,6 +120,12 @@ def test_drop_zero_adv_groups_refused_with_kl(tmp_path):
     load_config(None, ["train.drop_zero_adv_groups=false", "loss.kl_coef=0.05"])
 
 
+def test_dynamic_sampling_refused_with_kl():
+    with pytest.raises(ConfigError, match="rollout.dynamic_sampling=true with loss.kl_coef=0.05: a group whose"):
+        load_config(None, ["rollout.dynamic_sampling=true", "loss.kl_coef=0.05"])
+    load_config(None, ["rollout.dynamic_sampling=true"])
+
+
 @pytest.mark.parametrize(
     ("other", "message"),
     [

@@ -115,7 +115,7 @@ def test_completion_seed_layout():
     assert all((seeds[k + 1] - seeds[k]) % 2**SEED_BITS == 1 for k in range(127))
     assert completion_seeds(1234, 16, 8) == seeds  # a function of the seed only (resume samples the same)
     # The runner's per-(seed, rank, step) seeds give disjoint blocks: 2 ranks x 50 steps, 6400 seeds, no repeats.
-    from rl_training.runners.rl_runner import sampling_seed
+    from rl_training.runners.rl_batch import sampling_seed
 
     blocks = [completion_seeds(sampling_seed(0, r, s), 16, 4) for r in range(2) for s in range(50)]
     assert len({x for b in blocks for x in b}) == 100 * 64

@@ -1,0 +1,179 @@
+"""Dynamic sampling (DAPO): refill a step's groups whose rewards all tie, so the step trains on B informative groups.
+
+A group whose K rewards are equal has zero advantage under every group baseline (Dr-GRPO, GRPO, RLOO, DAPO's) and
+adds nothing to the gradient; a step that drops a third of its groups learns from two thirds of a batch. With
+`rollout.dynamic_sampling: true` the runner (rl_runner.rl_step) scores the step's batch, then draws more prompts
+(PromptSampler.refill_indices: a pure function of seed, step, rank and round, so a resumed run draws the same),
+generates and scores their groups, and keeps informative groups until the step holds B of them, for at most
+`rollout.dynamic_sampling_max_rounds` rounds. Short after the last round, the step is topped up with the batch's own
+tied groups (zero gradient), so it always holds B groups of K: the shapes, the per-rank counts and the Dr-GRPO
+normaliser stay what the config says.
+
+The normaliser. Dr-GRPO divides every step's loss by the same constant c = B K L_max (algs/objectives.py StepNorm),
+never by the tokens or groups present, so a step's gradient is (1/c) times the sum of its groups' gradients. A tied
+group's is zero, so a standard step over N groups, of which some set I is informative, has gradient (1/(N K L)) sum_I;
+the refilled step that trains on B informative groups (the same set I when |I| = B, the only groups with a
+gradient) has (1/(B K L)) sum_I = (N/B) times that. In expectation over prompts, with p the chance a group is
+informative, the refilled step's gradient is grad J / p: it estimates the same direction as the standard step's
+(unbiased up to that scale), with B p^-1 prompts' worth of signal at B groups' training cost, and a step size that
+grows as p falls. tests/unit/rollout/test_refill.py checks the identity on the real update.
+
+What it costs is counted: rollout/refill_rounds, rollout/refill_prompts, rollout/completions_generated against
+rollout/completions_trained, and rollout/informative_group_frac before the refill (the batch as drawn). The step's
+other rollout/* metrics are over the groups it trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from rl_training.rollout.base import Rollouts, StepBatch
+from rl_training.tasks.base import Scores
+
+
+def informative_groups(rewards: Sequence[float], group_size: int) -> list[bool]:
+    """Per group: whether its rewards differ (a tied group has zero advantage under any group baseline)."""
+    return [len(set(rewards[s : s + group_size])) > 1 for s in range(0, len(rewards), group_size)]
+
+
+@dataclasses.dataclass
+class Scored:
+    """A step batch with its grades and the rewards the learner trains on (shaped), group by group."""
+
+    batch: StepBatch
+    scores: Scores
+    rewards: list[float]
+
+
+def _rows(groups: Sequence[int], k: int) -> list[int]:
+    return [g * k + i for g in groups for i in range(k)]
+
+
+def _pick(xs, rows):
+    return None if xs is None else [xs[r] for r in rows]
+
+
+def select_groups(s: Scored, groups: Sequence[int]) -> Scored:
+    """The groups `groups` of `s`, in that order."""
+    k, ro, sc = s.batch.group_size, s.batch.rollouts, s.scores
+    rows = _rows(groups, k)
+    picked = Rollouts(
+        prompt_ids=_pick(ro.prompt_ids, rows),
+        completion_ids=_pick(ro.completion_ids, rows),
+        logprobs=_pick(ro.logprobs, rows),
+        truncated=_pick(ro.truncated, rows),
+        texts=_pick(ro.texts, rows),
+        policy_version=_pick(ro.policy_version, rows),
+        loss_mask=_pick(ro.loss_mask, rows),
+        turn_index=_pick(ro.turn_index, rows),
+        episodes=_pick(ro.episodes, rows),
+        env_stats=ro.env_stats,
+        timing=ro.timing,
+    )
+    scores = dataclasses.replace(
+        sc,
+        rewards=_pick(sc.rewards, rows),
+        correct=_pick(sc.correct, rows),
+        formatted=_pick(sc.formatted, rows),
+        parts={name: _pick(v, rows) for name, v in sc.parts.items()},
+    )
+    batch = StepBatch([s.batch.indices[g] for g in groups], picked, k, _pick(s.batch.examples, rows))
+    return Scored(batch, scores, _pick(s.rewards, rows))
+
+
+class AllStats:
+    """Several generate calls' environment stats measured as one (Rollouts.env_stats)."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def measure(self, meter) -> None:
+        for p in self.parts:
+            p.measure(meter)
+
+
+def _cat(xs: list):
+    return None if any(x is None for x in xs) else [v for x in xs for v in x]
+
+
+def concat(parts: list[Scored]) -> Scored:
+    """The groups of `parts`, one after the other (the same group size)."""
+    k = parts[0].batch.group_size
+    ros = [p.batch.rollouts for p in parts]
+    stats = [r.env_stats for r in ros if r.env_stats is not None]
+    timings = [r.timing for r in ros if r.timing]
+    timing = {key: sum(t.get(key, 0.0) for t in timings) for t in timings for key in t} or ros[0].timing
+    ro = Rollouts(
+        prompt_ids=_cat([r.prompt_ids for r in ros]),
+        completion_ids=_cat([r.completion_ids for r in ros]),
+        logprobs=_cat([r.logprobs for r in ros]),
+        truncated=_cat([r.truncated for r in ros]),
+        texts=_cat([r.texts for r in ros]),
+        policy_version=_cat([r.policy_version for r in ros]),
+        loss_mask=_cat([r.loss_mask for r in ros]),
+        turn_index=_cat([r.turn_index for r in ros]),
+        episodes=_cat([r.episodes for r in ros]),
+        env_stats=None if not stats else stats[0] if len(stats) == 1 else AllStats(stats),
+        timing=timing,
+    )
+    scs = [p.scores for p in parts]
+    scores = Scores(
+        rewards=_cat([s.rewards for s in scs]),
+        correct=_cat([s.correct for s in scs]),
+        formatted=_cat([s.formatted for s in scs]),
+        errors=sum(s.errors for s in scs),
+        timeouts=sum(s.timeouts for s in scs),
+        invalid=sum(s.invalid for s in scs),
+        parts={name: _cat([s.parts[name] for s in scs]) for name in scs[0].parts},
+        counts={name: sum(s.counts.get(name, 0.0) for s in scs) for name in scs[0].counts},
+    )
+    batch = StepBatch(_cat([p.batch.indices for p in parts]), ro, k, _cat([p.batch.examples for p in parts]))
+    return Scored(batch, scores, _cat([p.rewards for p in parts]))
+
+
+@dataclasses.dataclass(frozen=True)
+class RefillStats:
+    rounds: int  # refill rounds run (0: the batch was informative enough)
+    prompts: int  # prompts drawn by them
+    informative_first: int  # informative groups of the batch as drawn
+    informative_kept: int  # informative groups the step trains on (<= B)
+    completions_generated: int  # the batch's and every refill's
+
+    def measure(self, meter, groups: int, group_size: int) -> None:
+        meter.add("rollout/refill_rounds", self.rounds)
+        meter.add("rollout/refill_prompts", self.prompts)
+        meter.add("rollout/completions_generated", self.completions_generated)
+        meter.add("rollout/completions_trained", groups * group_size)
+        meter.mean("rollout/informative_group_frac", self.informative_first, per=groups)
+        meter.mean("rollout/informative_group_frac_trained", self.informative_kept, per=groups)
+
+
+def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -> tuple[Scored, RefillStats]:
+    """The step's B groups: `first`'s informative groups, then those of `draw(round, n)` (n more prompts scored, for
+    round 1, 2, ...) until B are informative or `max_rounds` ran; short of B, `first`'s tied groups fill the rest
+    (in their order). Each round asks for as many prompts as informative groups are missing, scaled up by the
+    informative fraction seen so far (at most B): a step with half its groups tied draws twice the shortfall."""
+    B, k = len(first.batch.indices), first.batch.group_size
+    info = informative_groups(first.rewards, k)
+    kept = [select_groups(first, [g for g, ok in enumerate(info) if ok])]
+    have, seen, seen_ok = sum(info), len(info), sum(info)
+    rounds = prompts = 0
+    generated = len(first.rewards)
+    while have < B and rounds < max_rounds:
+        rounds += 1
+        need = B - have
+        n = min(B, -(-need * seen // max(seen_ok, 1)))  # ceil(need / p), p the informative fraction so far
+        more = draw(rounds, n)
+        prompts += n
+        generated += len(more.rewards)
+        ok = informative_groups(more.rewards, k)
+        seen, seen_ok = seen + len(ok), seen_ok + sum(ok)
+        take = [g for g, x in enumerate(ok) if x][:need]
+        if take:
+            kept.append(select_groups(more, take))
+            have += len(take)
+    if have < B:
+        kept.append(select_groups(first, [g for g, ok in enumerate(info) if not ok][: B - have]))
+    out = concat([p for p in kept if p.batch.indices])
+    return out, RefillStats(rounds, prompts, sum(info), have, generated)
