@@ -6,7 +6,8 @@
     .venv-trl/bin/python scripts/bench_trl.py --points real --steps 6 --block 2 --warmup 1 \
         --contenders trl,trl-vllm,ours-vllm,ours-vllm-noskip,ours-hf,floor          # needs `make real-model`
         (also ours-hf-pack / ours-vllm-pack: with train.pack_sequences=true; ours-hf-noskip / ours-vllm-noskip:
-        with train.drop_zero_adv_groups=false, every group forwarded and back-propagated as TRL does)
+        with train.drop_zero_adv_groups=false, every group forwarded and back-propagated as TRL does; ours-hf-shared /
+        ours-vllm-shared: with train.share_prompt=true, each group's prompt through the model once)
 
 The work (issue 21): Dr-GRPO (TRL: loss_type="dr_grpo", scale_rewards="none", beta=0), LoRA r=8 alpha=16
 dropout 0 on q,k,v,o,gate,up,down, AdamW lr 1e-4 constant, grad-norm clip 1.0, 16 prompts x 8 completions per
@@ -387,6 +388,7 @@ def worker_main(name: str, point: str, work: Path) -> None:
         backend = "vllm" if name.startswith("ours-vllm") else "hf"
         extra = ["train.pack_sequences=true"] if name.endswith("-pack") else []  # padding-free micro-batches
         extra += ["train.drop_zero_adv_groups=false"] if name.endswith("-noskip") else []  # TRL's work: every group
+        extra += ["train.share_prompt=true"] if name.endswith("-shared") else []  # each group's prompt once
         step = ours(model, data, spec, backend, probes=name != "ours-hf-noprobe", out=out, extra=extra)
     reply({"ready": True})
     while (k := commands()) is not None:
