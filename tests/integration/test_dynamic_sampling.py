@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG, read_metrics
+from tests.helpers import TESTCFG, VLLM, read_metrics
 
 TIED_OR_MIXED = """
 from rl_training.tasks.base import Scores
@@ -26,10 +26,12 @@ class TiedOrMixed(ReverseTask):
 """
 
 
-def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exactly(run_overrides, tmp_path):
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exactly(run_overrides, tmp_path, backend):
     (tmp_path / "tied.py").write_text(TIED_OR_MIXED)
     base = [
         *run_overrides,
+        *(VLLM if backend == "vllm" else []),
         f"task.name={tmp_path / 'tied.py'}:TiedOrMixed",
         "rollout.dynamic_sampling=true",
         "train.total_steps=4",

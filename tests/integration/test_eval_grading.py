@@ -11,7 +11,7 @@ from rl_training.base import dist
 from rl_training.config.load import load_config
 from rl_training.data.sources import load_examples
 from rl_training.evaluation.evaluate import EvalSettings, InLoopEval, evaluate_policy, load_eval_set
-from rl_training.runners import rl_runner
+from rl_training.runners import rl_batch, rl_runner
 from rl_training.tasks.build import make_task
 from rl_training.tasks.math import math_answer_classes, math_has_answer, math_reward
 from tests.helpers import FIXTURES, TESTCFG, CannedBackend
@@ -148,7 +148,7 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
         canned = CannedBackend(run.tokenizer, {tuple(p): answers for p in run.prompts})
         run.backend = canned
         graded = {}
-        real_score = rl_runner.score_completions
+        real_score = rl_batch.score_completions
 
         def recording_score(task, texts, examples, timeout_s):
             s = real_score(task, texts, examples, timeout_s)
@@ -156,7 +156,7 @@ def test_eval_and_training_grade_and_prompt_identically(run_overrides, monkeypat
                 graded[(t, ex.reference)] = tuple(v)
             return s
 
-        monkeypatch.setattr(rl_runner, "score_completions", recording_score)
+        monkeypatch.setattr(rl_batch, "score_completions", recording_score)
         rl_runner.rl_step(run, 0)
         train_prompts = list(canned.seen)
         assert len(graded) > 4 and any(v[1] for v in graded.values()) and not all(v[1] for v in graded.values())

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from rl_training.ckpt import store as checkpoint
 from rl_training.ckpt.store import list_checkpoints, validate_checkpoint
-from rl_training.runners import rl_runner
+from rl_training.runners import rl_batch, rl_runner
 from tests.helpers import TESTCFG
 
 
@@ -24,7 +24,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def nan_rewards_at(monkeypatch, steps: set[int]):
     """Make the scorer's output NaN on the given 1-based steps, as a reward function that bypassed the scorer's
     finiteness check would (score_completions itself turns a NaN into a counted 0)."""
-    real, calls = rl_runner.score_completions, [0]
+    real, calls = rl_batch.score_completions, [0]
 
     def scores(*args, **kwargs):
         calls[0] += 1
@@ -33,7 +33,7 @@ def nan_rewards_at(monkeypatch, steps: set[int]):
             out = dataclasses.replace(out, rewards=[float("nan")] * len(out.rewards))
         return out
 
-    monkeypatch.setattr(rl_runner, "score_completions", scores)
+    monkeypatch.setattr(rl_batch, "score_completions", scores)
 
 
 def error_line(capsys) -> str:
