@@ -41,6 +41,11 @@ class Rollouts:
         return len(self.completion_ids)
 
 
+def group_rows(groups, group_size: int) -> list[int]:
+    """The rows (sequence indices) of prompt groups `groups`, group by group: group g is rows [g*G, (g+1)*G)."""
+    return [g * group_size + i for g in groups for i in range(group_size)]
+
+
 @dataclass
 class StepBatch:
     """One step's generated data on this rank, what the learner trains on: the prompts' dataset indices, their

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from rl_training.rollout.base import Rollouts, StepBatch
+from rl_training.rollout.base import Rollouts, StepBatch, group_rows
 from rl_training.tasks.base import Scores
 
 
@@ -46,8 +46,9 @@ class Scored:
     rewards: list[float]
 
 
-def _rows(groups: Sequence[int], k: int) -> list[int]:
-    return [g * k + i for g in groups for i in range(k)]
+# Rollouts' fields with one entry per sequence (None when a backend leaves them out); the rest are per call
+PER_ROW = ("prompt_ids", "completion_ids", "logprobs", "truncated", "texts", "policy_version", "loss_mask",
+           "turn_index", "episodes")  # fmt: skip
 
 
 def _pick(xs, rows):
@@ -57,20 +58,8 @@ def _pick(xs, rows):
 def select_groups(s: Scored, groups: Sequence[int]) -> Scored:
     """The groups `groups` of `s`, in that order."""
     k, ro, sc = s.batch.group_size, s.batch.rollouts, s.scores
-    rows = _rows(groups, k)
-    picked = Rollouts(
-        prompt_ids=_pick(ro.prompt_ids, rows),
-        completion_ids=_pick(ro.completion_ids, rows),
-        logprobs=_pick(ro.logprobs, rows),
-        truncated=_pick(ro.truncated, rows),
-        texts=_pick(ro.texts, rows),
-        policy_version=_pick(ro.policy_version, rows),
-        loss_mask=_pick(ro.loss_mask, rows),
-        turn_index=_pick(ro.turn_index, rows),
-        episodes=_pick(ro.episodes, rows),
-        env_stats=ro.env_stats,
-        timing=ro.timing,
-    )
+    rows = group_rows(groups, k)
+    picked = dataclasses.replace(ro, **{f: _pick(getattr(ro, f), rows) for f in PER_ROW})
     scores = dataclasses.replace(
         sc,
         rewards=_pick(sc.rewards, rows),
@@ -105,15 +94,7 @@ def concat(parts: list[Scored]) -> Scored:
     timings = [r.timing for r in ros if r.timing]
     timing = {key: sum(t.get(key, 0.0) for t in timings) for t in timings for key in t} or ros[0].timing
     ro = Rollouts(
-        prompt_ids=_cat([r.prompt_ids for r in ros]),
-        completion_ids=_cat([r.completion_ids for r in ros]),
-        logprobs=_cat([r.logprobs for r in ros]),
-        truncated=_cat([r.truncated for r in ros]),
-        texts=_cat([r.texts for r in ros]),
-        policy_version=_cat([r.policy_version for r in ros]),
-        loss_mask=_cat([r.loss_mask for r in ros]),
-        turn_index=_cat([r.turn_index for r in ros]),
-        episodes=_cat([r.episodes for r in ros]),
+        **{f: _cat([getattr(r, f) for r in ros]) for f in PER_ROW},
         env_stats=None if not stats else stats[0] if len(stats) == 1 else AllStats(stats),
         timing=timing,
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_training.algs.common import token_logprobs, zero_adv_groups
-from rl_training.rollout.base import Rollouts
+from rl_training.rollout.base import Rollouts, group_rows
 from rl_training.train.packing import PackedRows, pack_sequences, packed_to
 from rl_training.train.shared_prompt import SharedRows, groups_share_prompts, share_prompts
 
@@ -38,8 +38,7 @@ class MicroBatch:
     @property
     def rows(self) -> list[int]:
         """The rollout rows of this micro-batch, group by group (its sequences' order)."""
-        group = len(self.advantages) // len(self.group_ids)
-        return [g * group + i for g in self.group_ids for i in range(group)]
+        return group_rows(self.group_ids, len(self.advantages) // len(self.group_ids))
 
     @property
     def row_targets(self) -> torch.Tensor:
@@ -95,7 +94,7 @@ def make_micro_batches(
     for block, gids in zip(blocks, kept, strict=True):
         if not gids:
             continue
-        rows = [g * group_size + i for g in gids for i in range(group_size)]
+        rows = group_rows(gids, group_size)
         seqs = [rollouts.prompt_ids[r] + rollouts.completion_ids[r] for r in rows]
         width = max(len(x) for x in seqs) + extra_pad
         # Python lists, one tensor each: per-row tensor construction and slicing dominated this function
@@ -108,7 +107,7 @@ def make_micro_batches(
         rlogp = torch.tensor(rlogp_l)
         turn = torch.tensor(turn_l, dtype=torch.long) if turn_l is not None else None
         packed = shared = None
-        prompts = [rollouts.prompt_ids[r] for r in rows]
+        prompts = [rollouts.prompt_ids[r] for r in rows] if share_prompt else []
         if share_prompt and groups_share_prompts(prompts, group_size):
             completions = [rollouts.completion_ids[r] for r in rows]
             shared = share_prompts(prompts, completions, group_size, pad_id, width).to(device)
