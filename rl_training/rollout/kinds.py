@@ -35,6 +35,10 @@ BACKEND = Kind(
 # vLLM 0.32 takes max_lora_rank only from these (LoRAConfig's MaxLoRARanks, vllm/config/lora.py): lora.r=24 would
 # fail at engine build, after the model loaded. The engine is built at the smallest one >= lora.r.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# vLLM 0.32's CPU attention takes KV blocks of a multiple of 32 tokens and defaults to 128. Its prefix cache shares
+# only full blocks, so at 128 a group's repeated prompt shorter than that is prefilled again for every completion;
+# at 32 the completions share all of the prompt's full blocks (vllm.block_size).
+CPU_BLOCK_SIZE = 32
 
 
 def vllm_max_lora_rank(r: int) -> int:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from rl_training.rollout.kinds import CPU_BLOCK_SIZE
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -71,6 +73,8 @@ class VLLMServer:
             "vllm",
             "--seed",
             "0",
+            "--block-size",
+            str(CPU_BLOCK_SIZE),
             *self.extra_args,
         ]
 

@@ -54,7 +54,7 @@ import torch
 from rl_training.base import faults
 from rl_training.rollout.base import SEED_BITS, Rollouts, SamplingSpec, completion_seeds, split_completion  # noqa: F401 (SEED_BITS re-exported)
 from rl_training.rollout.hf import stop_token_ids
-from rl_training.rollout.kinds import check_vllm_sleep, vllm_max_lora_rank
+from rl_training.rollout.kinds import CPU_BLOCK_SIZE, check_vllm_sleep, vllm_max_lora_rank
 
 VLLM_VERSION_WRITTEN_FOR = "0.32.0"
 
@@ -145,6 +145,8 @@ class VLLMBackend:
         )
         if v.kv_cache_gb > 0:
             kwargs["kv_cache_memory_bytes"] = int(v.kv_cache_gb * 2**30)
+        if v.block_size or not self.on_cuda:
+            kwargs["block_size"] = v.block_size or CPU_BLOCK_SIZE
         if dist_info.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.lora_mode = v.weight_sync == "lora"
