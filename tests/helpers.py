@@ -218,6 +218,27 @@ class Moody(Task):
 """
 
 
+# A reward scripted on the data, not on what the model writes: a reverse-task prompt whose string starts with a-e (of
+# the data's a-j) is graded 0.5 on every completion (a tied group, zero advantage), any other 0, 1, 0, 1 by its place
+# in the group (informative). Which groups tie is then a function of the data order alone, on any CPU.
+TIED_OR_MIXED = """
+from rl_training.tasks.base import Scores
+from rl_training.tasks.reverse import ReverseTask
+
+
+class TiedOrMixed(ReverseTask):
+    def grade(self, completions, examples, timeout_s):
+        rewards = [0.5 if ex.question[0] <= "e" else float(i % 2) for i, ex in enumerate(examples)]
+        return Scores(rewards, [r >= 0.5 for r in rewards], [True] * len(rewards))
+"""
+
+
+def tied_or_mixed(tmp_path: Path) -> str:
+    """task.name of TIED_OR_MIXED, written under `tmp_path`."""
+    (tmp_path / "tied.py").write_text(TIED_OR_MIXED)
+    return f"task.name={tmp_path / 'tied.py'}:TiedOrMixed"
+
+
 # ----------------------------------------------------------- launching torchrun, and reading a launched run back
 
 

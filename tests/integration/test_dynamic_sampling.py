@@ -1,9 +1,9 @@
 """Dynamic sampling in the real runner (rollout.dynamic_sampling, rollout/refill.py): a step refills its tied groups
 with informative ones from newly drawn prompts, counts what that cost, and a resumed run refills the same.
 
-The reward is scripted (TIED_OR_MIXED below), so which groups tie does not depend on what the model writes: a prompt
-whose string starts with a-e (of the data's a-j) is graded 0.5 on every completion (a tied group), any other 0, 1,
-0, 1 by its place in the group (informative)."""
+The reward is scripted (tests/helpers.py TIED_OR_MIXED), so which groups tie does not depend on what the model
+writes: a prompt whose string starts with a-e (of the data's a-j) is graded 0.5 on every completion (a tied group),
+any other 0, 1, 0, 1 by its place in the group (informative)."""
 
 from __future__ import annotations
 
@@ -12,27 +12,15 @@ import shutil
 import pytest
 
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG, VLLM, read_metrics
-
-TIED_OR_MIXED = """
-from rl_training.tasks.base import Scores
-from rl_training.tasks.reverse import ReverseTask
-
-
-class TiedOrMixed(ReverseTask):
-    def grade(self, completions, examples, timeout_s):
-        rewards = [0.5 if ex.question[0] <= "e" else float(i % 2) for i, ex in enumerate(examples)]
-        return Scores(rewards, [r >= 0.5 for r in rewards], [True] * len(rewards))
-"""
+from tests.helpers import TESTCFG, VLLM, read_metrics, tied_or_mixed
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
 def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exactly(run_overrides, tmp_path, backend):
-    (tmp_path / "tied.py").write_text(TIED_OR_MIXED)
     base = [
         *run_overrides,
         *(VLLM if backend == "vllm" else []),
-        f"task.name={tmp_path / 'tied.py'}:TiedOrMixed",
+        tied_or_mixed(tmp_path),
         "rollout.dynamic_sampling=true",
         "train.total_steps=4",
         "ckpt.every=2",
