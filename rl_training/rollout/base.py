@@ -63,6 +63,11 @@ class StepBatch:
                 f"got {len(self.rollouts)} and {len(self.examples)}"
             )
 
+    def token_counts(self) -> tuple[int, int]:
+        """(prompt tokens, each prompt once; completion tokens) of the batch: what generating it read and wrote."""
+        ro, k = self.rollouts, self.group_size
+        return sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), k)), sum(len(c) for c in ro.completion_ids)
+
 
 @dataclass(frozen=True)
 class SamplingSpec:

@@ -120,6 +120,8 @@ class RefillStats:
     informative_first: int  # informative groups of the batch as drawn
     informative_kept: int  # informative groups the step trains on (<= B)
     completions_generated: int  # the batch's and every refill's
+    prompt_tokens_generated: int = 0  # their prompts' tokens (each prompt once) and their completions' tokens
+    completion_tokens_generated: int = 0
 
     def measure(self, meter, groups: int, group_size: int) -> None:
         meter.add("rollout/refill_rounds", self.rounds)
@@ -141,6 +143,7 @@ def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -
     have, seen, seen_ok = sum(info), len(info), sum(info)
     rounds = prompts = 0
     generated = len(first.rewards)
+    tokens = first.batch.token_counts()
     while have < B and rounds < max_rounds:
         rounds += 1
         need = B - have
@@ -148,6 +151,7 @@ def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -
         more = draw(rounds, n)
         prompts += n
         generated += len(more.rewards)
+        tokens = tuple(a + b for a, b in zip(tokens, more.batch.token_counts(), strict=True))
         ok = informative_groups(more.rewards, k)
         seen, seen_ok = seen + len(ok), seen_ok + sum(ok)
         take = [g for g, x in enumerate(ok) if x][:need]
@@ -157,4 +161,4 @@ def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -
     if have < B:
         kept.append(select_groups(first, [g for g, ok in enumerate(info) if not ok][: B - have]))
     out = concat([p for p in kept if p.batch.indices])
-    return out, RefillStats(rounds, prompts, sum(info), have, generated)
+    return out, RefillStats(rounds, prompts, sum(info), have, generated, *tokens)

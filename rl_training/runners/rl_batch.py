@@ -12,7 +12,7 @@ from rl_training.algs.shaping import overlong_penalty
 from rl_training.base.meter import Meter
 from rl_training.base.timer import PhaseTimer
 from rl_training.rollout.base import SamplingSpec, StepBatch
-from rl_training.rollout.refill import Scored, refill
+from rl_training.rollout.refill import RefillStats, Scored, refill
 from rl_training.tasks.base import score_completions
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def score_batch(run: Run, batch: StepBatch) -> Scored:
     return Scored(batch, scores, scores.rewards)
 
 
-def refill_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTimer) -> Scored:
+def refill_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTimer) -> tuple[Scored, RefillStats]:
     """rollout.dynamic_sampling: the step's groups with tied rewards replaced by informative groups of newly drawn
     prompts (rollout/refill.py). The refills sample the newest weights (in async mode too: the main thread is not
     pinned to an old version); their generation and scoring time go to the step's generate and score phases."""
@@ -60,7 +60,7 @@ def refill_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTi
 
     out, stats = refill(first, draw, run.cfg.rollout.dynamic_sampling_max_rounds)
     stats.measure(meter, len(out.batch.indices), out.batch.group_size)
-    return out
+    return out, stats
 
 
 def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[float]:

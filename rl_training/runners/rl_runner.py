@@ -54,6 +54,7 @@ from rl_training.rollout.base import RolloutBackend, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.rollout.kinds import BackendKind, backend_kind
+from rl_training.rollout.refill import RefillStats
 from rl_training.runners.monitor import advice_line
 from rl_training.runners.rl_batch import generate_step, refill_step, score_batch, shaped_rewards
 from rl_training.runtime.cli import run_cli
@@ -271,8 +272,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     meter.ready({**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)})
     with timer("score"):
         scored = score_batch(run, batch)
+    drawn = None  # dynamic sampling: what the step generated, refills included
     if run.cfg.rollout.dynamic_sampling:  # generation and scoring of the refill rounds, in their phases
-        scored = refill_step(run, step, scored, meter, timer)
+        scored, drawn = refill_step(run, step, scored, meter, timer)
     batch, scores = scored.batch, scored.scores
     rewards = shaped_rewards(run, meter, batch.rollouts, scored.rewards)
     with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
@@ -283,7 +285,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         publish(run, step)
     if run.probes.enabled and learned.ran:  # no perf/probe phase when off
         with timer("probe"):  # ESS reductions, quantile, gather and formatting: part of perf/step_s
-            meter.ready(run.probes.metrics(step_work(batch, timer, run.kind.prefix_cache)))
+            meter.ready(run.probes.metrics(step_work(batch, timer, run.kind.prefix_cache, drawn)))
             # Rank 0 only: the adapter is the same on every rank after the all-reduce, and the other ranks would
             # only wait for rank 0 at the next collective (lora/* are ready values: no reduction)
             if run.info.is_main and lora_health_due(run.cfg.probe.lora_health_every, step):
@@ -296,16 +298,22 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     return metrics
 
 
-def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool) -> StepWork:
+def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool, drawn: RefillStats | None = None) -> StepWork:
     """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py); `prompt_once`: the
-    backend prefills a group's prompt once (its prefix cache: rollout/kinds.py)."""
-    ro, G = batch.rollouts, batch.group_size
+    backend prefills a group's prompt once (its prefix cache: rollout/kinds.py). With dynamic sampling (`drawn`) the
+    generate and score phases made every drawn group, trained or not: the costs are per generated prompt and
+    completion, not per trained one."""
+    prompts, completions = len(batch.indices), len(batch.rollouts)
+    prompt_tokens, completion_tokens = batch.token_counts()
+    if drawn is not None:
+        prompts, completions = prompts + drawn.prompts, drawn.completions_generated
+        prompt_tokens, completion_tokens = drawn.prompt_tokens_generated, drawn.completion_tokens_generated
     return StepWork(
         seconds=dict(timer.seconds),
-        prompts=len(batch.indices),
-        completions=len(ro),
-        prompt_tokens=sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), G)),
-        completion_tokens=sum(len(c) for c in ro.completion_ids),
+        prompts=prompts,
+        completions=completions,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         prompt_once=prompt_once,
     )
 

@@ -3,6 +3,8 @@ normaliser's identity on the real update."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from rl_training.base.meter import Meter
@@ -57,6 +59,8 @@ def test_refill_keeps_informative_groups_and_draws_the_shortfall_over_the_inform
     assert all(informative_groups(out.rewards, 2))
     assert (stats.rounds, stats.prompts, stats.informative_first, stats.informative_kept) == (2, 7, 2, 4)
     assert stats.completions_generated == (4 + 4 + 3) * 2
+    # every scripted prompt is 2 tokens and every completion 1: 11 prompts once, 22 completions
+    assert (stats.prompt_tokens_generated, stats.completion_tokens_generated) == (11 * 2, 22 * 1)
     m = Meter()
     stats.measure(m, 4, 2)
     got = m.reduce(torch.device("cpu"))
@@ -115,3 +119,24 @@ def test_the_normaliser_is_the_configured_constant_so_a_refilled_step_is_n_over_
     refilled, _ = grads_after(policy, refilled_ro, adv.reshape(-1)[keep], 3)
     assert everything.abs().max() > 1e-5
     torch.testing.assert_close(refilled, (6 / 3) * everything, rtol=1e-9, atol=1e-12)
+
+
+def test_the_advisors_costs_count_what_the_step_generated():
+    """rl_runner.step_work: with dynamic sampling the generate phase made every drawn group (the batch's 2 and the
+    refill's 3), so the advisor's per-prompt and per-completion costs divide by those, not by the 2 trained."""
+    from rl_training.probes.budget import split_seconds
+    from rl_training.runners.rl_runner import step_work
+
+    first = scripted([0, 1], [1, 1, 0, 1])  # group 0 ties: one refill round of ceil(1 * 2 / 1) = 2 prompts
+
+    def draw(round_, n):
+        return scripted([10, 11][:n], [0, 0, 1, 0])
+
+    out, stats = refill(first, draw, max_rounds=1)
+    timer = SimpleNamespace(seconds={"generate": 3.0, "score": 1.0, "train": 2.0})
+    plain = step_work(out.batch, timer, prompt_once=True)
+    assert (plain.prompts, plain.completions, plain.prompt_tokens, plain.completion_tokens) == (2, 4, 4, 4)
+    work = step_work(out.batch, timer, prompt_once=True, drawn=stats)
+    assert (work.prompts, work.completions, work.prompt_tokens, work.completion_tokens) == (4, 8, 8, 8)
+    # generate 3 s split by tokens: 8 of 16 read by the prompts -> 1.5 s; the completions 1.5 + score + train
+    assert split_seconds(work) == (1.5, 1.5 + 1.0 + 2.0)
