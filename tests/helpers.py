@@ -218,10 +218,12 @@ class Moody(Task):
 """
 
 
-# A reward scripted on the data, not on what the model writes: a reverse-task prompt whose string starts with a-e (of
-# the data's a-j) is graded 0.5 on every completion (a tied group, zero advantage), any other 0, 1, 0, 1 by its place
-# in the group (informative). Which groups tie is then a function of the data order alone, on any CPU.
-TIED_OR_MIXED = """
+# Rewards scripted on the data and the completion's place in its group, never on what the model writes, so which
+# groups tie is the same on any CPU (reverse-task data: prompts of the letters a-j; groups of an even size):
+# - TiedOrMixed: a prompt whose string starts with a-e gets 0.5 on every completion (a tied group, zero advantage),
+#   any other 0, 1, 0, 1 by place (informative): which groups tie follows from the data order alone;
+# - Alternating: every group 0, 1, 0, 1: every group is informative, so every step has a gradient.
+SCRIPTED_REWARDS = """
 from rl_training.tasks.base import Scores
 from rl_training.tasks.reverse import ReverseTask
 
@@ -230,13 +232,23 @@ class TiedOrMixed(ReverseTask):
     def grade(self, completions, examples, timeout_s):
         rewards = [0.5 if ex.question[0] <= "e" else float(i % 2) for i, ex in enumerate(examples)]
         return Scores(rewards, [r >= 0.5 for r in rewards], [True] * len(rewards))
+
+
+class Alternating(ReverseTask):
+    def grade(self, completions, examples, timeout_s):
+        rewards = [float(i % 2) for i in range(len(examples))]
+        return Scores(rewards, [r > 0 for r in rewards], [True] * len(rewards))
 """
 
 
+def scripted_reward(tmp_path: Path, name: str) -> str:
+    """task.name of the SCRIPTED_REWARDS class `name`, its module written under `tmp_path`."""
+    (tmp_path / "scripted_rewards.py").write_text(SCRIPTED_REWARDS)
+    return f"task.name={tmp_path / 'scripted_rewards.py'}:{name}"
+
+
 def tied_or_mixed(tmp_path: Path) -> str:
-    """task.name of TIED_OR_MIXED, written under `tmp_path`."""
-    (tmp_path / "tied.py").write_text(TIED_OR_MIXED)
-    return f"task.name={tmp_path / 'tied.py'}:TiedOrMixed"
+    return scripted_reward(tmp_path, "TiedOrMixed")
 
 
 # ----------------------------------------------------------- launching torchrun, and reading a launched run back

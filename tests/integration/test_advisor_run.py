@@ -2,8 +2,8 @@
 logs probe/anova/* and probe/advisor/* on the steps the unit level measures, and a resumed run continues the
 ANOVA, waste and cost EMAs exactly where the uninterrupted run has them.
 
-The reward is scripted (tests/helpers.py TIED_OR_MIXED): which groups tie, and so what the ANOVA is fed and the
-waste the advisor measures, follows from the data order alone, not from what the model happens to write."""
+The reward is scripted (tests/helpers.py SCRIPTED_REWARDS, TiedOrMixed): which groups tie, and so what the ANOVA
+is fed and the waste the advisor measures, follows from the data order alone, not from what the model writes."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rl_training.policy.models import trainable_parameters
-from tests.helpers import backward, flat_grad, free_port, lora_policy, one_micro_batch
+from tests.helpers import backward, flat_grad, free_port, lora_policy, one_micro_batch, scripted_reward
 from tests.workers import ddp_worker
 
 pytestmark = pytest.mark.slow
@@ -107,6 +107,7 @@ def single_process_probes(model, ro, adv):
 
 def test_two_rank_runner_disjoint_prompts_identical_adapters_and_metrics(run_overrides, tmp_path):
     overrides = [*run_overrides, "rollout.prompts_per_step=8", "train.micro_batch_groups=2", "optim.lr=0.01"]
+    overrides.append(scripted_reward(tmp_path, "Alternating"))  # every group informative: a gradient every step
     mp.spawn(ddp_worker.train_worker, args=(2, free_port(), str(tmp_path), overrides), nprocs=2)
     s0, s1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for a, b in zip(s0, s1, strict=True):

@@ -1,9 +1,9 @@
 """Dynamic sampling in the real runner (rollout.dynamic_sampling, rollout/refill.py): a step refills its tied groups
 with informative ones from newly drawn prompts, counts what that cost, and a resumed run refills the same.
 
-The reward is scripted (tests/helpers.py TIED_OR_MIXED), so which groups tie does not depend on what the model
-writes: a prompt whose string starts with a-e (of the data's a-j) is graded 0.5 on every completion (a tied group),
-any other 0, 1, 0, 1 by its place in the group (informative)."""
+The reward is scripted (tests/helpers.py SCRIPTED_REWARDS, TiedOrMixed), so which groups tie does not depend on
+what the model writes: a prompt whose string starts with a-e (of the data's a-j) is graded 0.5 on every completion
+(a tied group), any other 0, 1, 0, 1 by its place in the group (informative)."""
 
 from __future__ import annotations
 

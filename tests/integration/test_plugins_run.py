@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG
+from tests.helpers import TESTCFG, scripted_reward
 
 PLUGINS = """
 from rl_training.algs.corrections import Correction, CorrectionOut
@@ -48,7 +48,10 @@ def plugins(tmp_path):
 
 
 def one_step(run_overrides, tmp_path, name: str, *extra: str) -> dict:
-    args = ["--cfg", TESTCFG, *run_overrides, f"run.name={name}", "train.total_steps=1", "ckpt.every=0", *extra]
+    """One step on the Alternating reward (tests/helpers.py): every group 0, 1, 0, 1, so the built-in objective's
+    gradient is non-zero by construction, whatever the model samples."""
+    task = scripted_reward(tmp_path, "Alternating")
+    args = ["--cfg", TESTCFG, *run_overrides, task, f"run.name={name}", "train.total_steps=1", "ckpt.every=0", *extra]
     assert rl_runner.main(args) == 0
     (row,) = [json.loads(x) for x in (tmp_path / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     return row
@@ -57,11 +60,12 @@ def one_step(run_overrides, tmp_path, name: str, *extra: str) -> dict:
 @pytest.mark.slow  # three one-step runs of the tiny model (~40 s)
 def test_the_runner_trains_with_the_named_loss_and_correction(run_overrides, tmp_path, plugins):
     builtin = one_step(run_overrides, tmp_path, "builtin", "loss.type=dr_grpo")
-    assert builtin["train/grad_norm"] > 0 and builtin["rollout/zero_adv_group_frac"] < 1
+    assert builtin["train/grad_norm"] > 0 and builtin["rollout/zero_adv_group_frac"] == 0
     zero_loss = one_step(run_overrides, tmp_path, "zero_loss", f"loss.type={plugins}:ZERO")
     assert zero_loss["train/grad_norm"] == 0.0 and zero_loss["train/pg_loss"] == 0.0
-    # same seed, same rollouts: only the objective differs
-    assert zero_loss["rollout/reward_mean"] == builtin["rollout/reward_mean"]
+    # same seed, same rollouts: only the objective differs (the reward is 0.5 whatever is sampled; the lengths are not)
+    for key in ("rollout/response_len_mean", "rollout/response_len_max"):
+        assert zero_loss[key] == builtin[key], key
     zeroed = one_step(run_overrides, tmp_path, "zeroed", f"loss.correction={plugins}:ZeroAll")
     assert zeroed["train/grad_norm"] == 0.0 and zeroed["is/zeroed_frac"] == 1.0
     assert "is/zeroed_frac" not in builtin and "is/trunc_frac" not in builtin  # no correction, no count
