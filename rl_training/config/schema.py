@@ -335,7 +335,7 @@ class EvalCfg:
     drift_accuracy_drop: float = _f(
         0.1,
         "Length-drift guard (train/drift_guard.py): an in-loop eval drifts when eval/accuracy is this far below the "
-        "best eval so far and eval/truncation_rate is drift_truncation_rise above its value there.",
+        "best eval so far and eval/truncation_rate is drift_truncation_rise above the lowest rate of the evals so far.",
         ge=0,
         le=1,
     )

@@ -7,8 +7,11 @@ first letters whatever followed). Nothing else alerts on that: the canary, the s
 
 Judged at every in-loop eval (eval.every > 0), all ranks agreeing (the eval metrics are the same on every rank): an
 eval drifts when its accuracy (eval/accuracy, greedy) is at least eval.drift_accuracy_drop below the best eval so
-far AND its greedy truncation rate (eval/truncation_rate) is at least eval.drift_truncation_rise above the rate at
-that best eval. Either alone is a run's normal life (accuracy noise; a policy learning to reason longer). The
+far AND its greedy truncation rate (eval/truncation_rate) is at least eval.drift_truncation_rise above the lowest
+rate of any eval so far. Either alone is a run's normal life (accuracy noise; a policy learning to reason longer).
+The truncation baseline is the lowest rate, not the rate at the best eval: a drift can start before accuracy
+falls (SmolLM2 at lr 1e-3: greedy accuracy 0.297, 0.359, 0.172 at steps 10, 20, 30 with truncation 0, 0.859, 1.0;
+the best eval was already 86% cut, and measured from it the rise at step 30 was 0.14). The
 first drifting eval raises eval/alert/length_drift; eval.drift_stop_evals in a row checkpoint and stop the run with
 exit status DRIFT_EXIT_CODE (0 = only the alert). The state is checkpointed: a resume continues the streak.
 """
@@ -34,6 +37,8 @@ class DriftGuard:
         state = state or {}
         self.best: tuple[int, float, float] | None = tuple(state["best"]) if state.get("best") else None
         self.history: list[tuple[int, float, float]] = [tuple(h) for h in state.get("history", [])]  # the streak
+        # the lowest truncation rate of the evals so far (a checkpoint from before it was kept: the best eval's)
+        self.low_trunc: float | None = state.get("low_trunc", self.best[2] if self.best else None)
 
     def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """The guard's metrics for a step whose metrics hold an in-loop eval; {} for a step without one."""
@@ -42,7 +47,8 @@ class DriftGuard:
         acc, trunc = metrics["eval/accuracy"], metrics["eval/truncation_rate"]
         if self.best is None or acc > self.best[1]:
             self.best = (step, acc, trunc)
-        drifting = acc <= self.best[1] - self.drop and trunc >= self.best[2] + self.rise
+        self.low_trunc = trunc if self.low_trunc is None else min(self.low_trunc, trunc)
+        drifting = acc <= self.best[1] - self.drop and trunc >= self.low_trunc + self.rise
         self.history = [*self.history, (step, acc, trunc)] if drifting else []
         return {ALERT: float(drifting), "eval/drift_streak": float(len(self.history))}
 
@@ -54,10 +60,12 @@ class DriftGuard:
         evals = "; ".join(f"step {s}: accuracy {a:.3f}, truncation {t:.3f}" for s, a, t in self.history)
         return DriftError(
             f"length drift: held-out accuracy fell while responses ran into the token budget ({evals}; the best eval, "
-            f"step {step}: accuracy {acc:.3f}, truncation {trunc:.3f}); {saved}. The policy is learning to not stop: "
+            f"step {step}: accuracy {acc:.3f}, truncation {trunc:.3f}; the lowest truncation {self.low_trunc:.3f}); "
+            f"{saved}. The policy is learning to not stop: "
             "lower optim.lr, set loss.overlong_filter or reward.overlong_buffer, or check the grader's partial credit "
             "(docs/real_model.md). eval.drift_stop_evals=0 only alerts"
         )
 
     def state_dict(self) -> dict:
-        return {"best": list(self.best) if self.best else None, "history": [list(h) for h in self.history]}
+        best = list(self.best) if self.best else None
+        return {"best": best, "history": [list(h) for h in self.history], "low_trunc": self.low_trunc}
