@@ -3,9 +3,10 @@ default of 128 tokens a block and at ours, 32, alternated, on one core.
 
     .venv/bin/python scripts/bench_block_size.py [--model models/smollm2-135m-instruct] [--runs 3]
 
-The work is the real-model demo's held-out eval (docs/real_model.md): chat prompts of about 70 tokens ("Calculate
-a + b." in the model's template), each with one greedy and 8 sampled completions of at most 16 tokens, one request
-per completion as VLLMBackend.generate sends them, float32. The prefix cache shares only full blocks, so at 128 a
+The work is the real-model demo's held-out eval (docs/real_model.md): the first --prompts held-out problems of
+cfg/smollm2_rl.yaml's task, rendered as training renders them (the model's chat template, 52-55 tokens), each
+with one greedy and 8 sampled completions of at most 16 tokens, one request per completion as
+VLLMBackend.generate sends them, float32. The prefix cache shares only full blocks, so at 128 a
 prompt is prefilled again for every completion, at 32 all but its last partial block is shared. Prints a table
 (median [min-max] seconds over the runs, the ratio) and, with --json, writes it; checks that both block sizes
 give the same tokens and the same log-probs.
@@ -23,16 +24,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (128, 32)  # vLLM 0.32's CPU default, ours (rl_training/rollout/kinds.py CPU_BLOCK_SIZE)
-INSTRUCTION = "\nGive only your final answer, between <answer> and </answer>."
 
 
-def prompts(tokenizer, n: int) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        a, b, op = i * 7 % 97, i * 13 % 89, "+-"[i % 2]
-        chat = [{"role": "user", "content": f"Calculate {a} {op} {b}.{INSTRUCTION}"}]
-        out.append(tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"])
-    return out
+def prompts(model: str, n: int) -> list[list[int]]:
+    """The demo's first `n` held-out prompts, with the eval pipeline's own loading and rendering."""
+    from transformers import AutoTokenizer
+
+    from rl_training.config.load import load_config
+    from rl_training.evaluation.evaluate import load_eval_set
+    from rl_training.tasks.build import build_task
+
+    cfg = load_config(REPO / "cfg" / "smollm2_rl.yaml", [f"model.name_or_path={model}", f"eval.num_prompts={n}"])
+    return load_eval_set(cfg, AutoTokenizer.from_pretrained(model), build_task(cfg))[1]
 
 
 def run(model: str, block_size: int, ids: list[list[int]], samples: int) -> tuple[float, list, list]:
@@ -72,9 +75,7 @@ def main() -> int:
     a = ap.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from transformers import AutoTokenizer
-
-    ids = prompts(AutoTokenizer.from_pretrained(a.model), a.prompts)
+    ids = prompts(a.model, a.prompts)
     times: dict[int, list[float]] = {s: [] for s in SIZES}
     outputs: dict[int, tuple[list, list]] = {}
     for r in range(a.runs):

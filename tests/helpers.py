@@ -247,10 +247,6 @@ def scripted_reward(tmp_path: Path, name: str) -> str:
     return f"task.name={tmp_path / 'scripted_rewards.py'}:{name}"
 
 
-def tied_or_mixed(tmp_path: Path) -> str:
-    return scripted_reward(tmp_path, "TiedOrMixed")
-
-
 # ----------------------------------------------------------- launching torchrun, and reading a launched run back
 
 

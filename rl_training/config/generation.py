@@ -122,7 +122,7 @@ class VllmCfg:
         0,
         "KV-cache block size in tokens; 0 = auto: 32 on CPU, vLLM's own on GPU. The prefix cache shares only full "
         "blocks, and vLLM's CPU default (128) leaves a group's repeated prompt under 128 tokens recomputed for every "
-        "completion (SmolLM2's ~70-token chat prompts: generation 1.4-1.7x slower, scripts/bench_block_size.py). "
+        "completion (SmolLM2's 52-55-token chat prompts: generation 1.4-1.7x slower, scripts/bench_block_size.py). "
         "The CPU takes multiples of 32.",
         ge=0,
     )

@@ -13,7 +13,7 @@ import pytest
 
 from rl_training.config.load import load_config
 from rl_training.runners import rl_runner
-from tests.helpers import REPO, read_metrics, tied_or_mixed, trainer_state
+from tests.helpers import REPO, read_metrics, scripted_reward, trainer_state
 
 TESTCFG = str(REPO / "cfg" / "testconfig.yaml")
 # The HF backend repeats a prompt per completion, so no time is charged to the prompt (c_p = 0): K* then
@@ -42,7 +42,7 @@ def advice(row: dict) -> dict:
 
 
 def test_the_advice_is_logged_at_the_unit_cadence_and_resumes_exactly(run_overrides, tmp_path):
-    full = [*run_overrides, *ADVISED, tied_or_mixed(tmp_path), "train.total_steps=6"]
+    full = [*run_overrides, *ADVISED, scripted_reward(tmp_path, "TiedOrMixed"), "train.total_steps=6"]
     assert rl_runner.main(["--cfg", TESTCFG, *full]) == 0
     rows = read_metrics(tmp_path / "runs" / "testconfig")
     # unit_every=2: the unit level measures on steps 0, 2, 4 (0-based), logged as steps 1, 3, 5
@@ -68,7 +68,7 @@ def test_the_advice_is_logged_at_the_unit_cadence_and_resumes_exactly(run_overri
     assert state["anova"]["t"] + state["anova"]["skipped"] == 3  # one update per measured step
 
     resumed_dir = tmp_path / "resumed"
-    part = [*run_overrides, *ADVISED, tied_or_mixed(tmp_path), f"run.output_dir={resumed_dir}"]
+    part = [*run_overrides, *ADVISED, scripted_reward(tmp_path, "TiedOrMixed"), f"run.output_dir={resumed_dir}"]
     assert rl_runner.main(["--cfg", TESTCFG, *part, "train.total_steps=4"]) == 0
     assert rl_runner.main(["--cfg", TESTCFG, *part, "train.total_steps=6", "ckpt.resume=latest"]) == 0
     again = read_metrics(resumed_dir / "testconfig")

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG, VLLM, read_metrics, tied_or_mixed
+from tests.helpers import TESTCFG, VLLM, read_metrics, scripted_reward
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
@@ -20,7 +20,7 @@ def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exact
     base = [
         *run_overrides,
         *(VLLM if backend == "vllm" else []),
-        tied_or_mixed(tmp_path),
+        scripted_reward(tmp_path, "TiedOrMixed"),
         "rollout.dynamic_sampling=true",
         "train.total_steps=4",
         "ckpt.every=2",

@@ -1,7 +1,7 @@
 """The colocated vLLM engine shares a group's prompt through its prefix cache on the CPU (vllm.block_size).
 
 vLLM 0.32's CPU attention defaults to 128-token KV blocks and its prefix cache shares only full blocks, so a
-prompt under 128 tokens was prefilled again for each of its K completions: on SmolLM2's ~70-token chat prompts
+prompt under 128 tokens was prefilled again for each of its K completions: on SmolLM2's 52-55-token chat prompts
 the generation of a step ran 1.6x slower (docs/real_model.md)."""
 
 from __future__ import annotations
