@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from rl_training.config.rules import check_combinations
-from rl_training.config.schema import GENERATED_SPLITS, Config, ConfigError, _field_types, all_keys
+from rl_training.config.schema import Config, ConfigError, _field_types, all_keys
 
 
 def _check_value(value: Any, tp: Any, key: str, meta: dict) -> Any:
@@ -266,22 +266,11 @@ def load_config(
     tree, lines = _read_file(path, required) if path is not None else ({}, {})
     where = f"{path}: " if path is not None else ""
     tree = apply_overrides(tree, overrides or [])
-    task_splits(tree)
     for ov in overrides or []:  # an overridden value did not come from its line in the file
         lines.pop(ov.split("=", 1)[0], None)
     cfg = _build(Config, tree, "", where, lines)
     check_combinations(cfg, where, training)
     return cfg
-
-
-def task_splits(tree: dict) -> None:
-    """A task family that makes its own splits (GENERATED_SPLITS: reasoning-gym's) reads them when the config names
-    no data: data.train / data.eval default to its 'task:train' / 'task:heldout' (data/sources.py), in place."""
-    task, data = tree.get("task"), tree.get("data", {})
-    name = task.get("name") if isinstance(task, dict) else None
-    if not isinstance(name, str) or name.split("/")[0] not in GENERATED_SPLITS or not isinstance(data, dict):
-        return  # a wrong type is named by _build
-    tree["data"] = {"train": "task:train", "eval": "task:heldout", **data}
 
 
 def _read_file(path: str | os.PathLike, required: Sequence[str]) -> tuple[dict, dict[str, int]]:

@@ -90,11 +90,6 @@ class LoraCfg:
     target_modules: list[str] = _f(["all-linear"], "Module names to adapt; ['all-linear'] = every linear.")
 
 
-# Task families whose problems are generated, split by the task itself: with no data.train / data.eval set, they read
-# 'task:train' / 'task:heldout' (config/load.py task_splits; tasks/reasoning_gym.py, tasks/verifiers_env).
-GENERATED_SPLITS = ("reasoning-gym", "verifiers")
-
-
 @dataclass
 class TaskCfg:
     """The task (rl_training/tasks, docs/extending.md): one object serves training, SFT, evals and synthesize."""
@@ -103,8 +98,7 @@ class TaskCfg:
         "reverse",
         "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio, python_gsm8k, "
         "python_math: docs/tools.md), reasoning-gym/<dataset> or reasoning-gym (a weighted mix), verifiers/<env-id> "
-        "or verifiers (task.args.env: docs/verifiers.md) (a family's own splits are the data when data.train/eval "
-        "are not set), or your own: "
+        "or verifiers (task.args.env: docs/verifiers.md), or your own: "
         "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
         "(data.format, the old key, is read as task.name.)",
     )
@@ -114,10 +108,12 @@ class TaskCfg:
 @dataclass
 class DataCfg:
     train: str = _f(
-        "data/reverse/train.jsonl",
-        "Training prompts: a .jsonl/.json/.parquet path or a `datasets` name 'name[:config]@split'.",
+        "task:train",
+        "Training prompts: a .jsonl/.json/.parquet path, a `datasets` name 'name[:config]@split', or 'task:SPLIT', a "
+        "split the task makes itself (Task.examples: reverse's generated strings, reasoning-gym's problems, a "
+        "verifiers taskset's tasks; a task that reads files makes none and needs them named here).",
     )
-    eval: str = _f("data/reverse/heldout.jsonl", "Held-out prompts, same forms as `train`.")
+    eval: str = _f("task:heldout", "Held-out prompts, same forms as `train` (default: the task's own held-out split).")
     question_key: str = _f("question", "Record field of the question (the built-in math, reverse and search tasks).")
     answer_key: str = _f("answer", "Record field of the reference answer or solution (the same tasks).")
     prompt_template: str = _f(

@@ -90,7 +90,8 @@ class Task:
         """The problems of `split` when the task makes its own (data spec 'task:SPLIT', data/sources.py: the
         generated reasoning-gym splits); a task that reads data files makes none."""
         raise DataError(
-            f"data spec 'task:{split}': {type(self).__name__} makes no problems of its own; name data files"
+            f"data spec 'task:{split}': {type(self).__name__} makes no problems of its own; name its data files in "
+            "data.train and data.eval"
         )
 
     def problem_key(self, example: Example) -> Hashable:

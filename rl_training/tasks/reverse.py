@@ -2,7 +2,8 @@
 
 Question "abcde", answer "edcba"; `reverse_reward` gives dense partial credit: matching positions /
 max(len(pred), len(ref)), so 1.0 only for the exact reversal. Train and held-out splits are disjoint sets of
-strings drawn from a fixed seed.
+strings drawn from a fixed seed: the task's own splits 'task:train' and 'task:heldout' (data.train / data.eval's
+defaults), or the same records as files:
 
     python scripts/make_synthetic_data.py --out data/reverse
 """
@@ -13,8 +14,10 @@ import json
 import random
 from pathlib import Path
 
-from rl_training.data.sources import Example
+from rl_training.data.sources import DataError, Example
 from rl_training.tasks.base import Task
+
+SPLIT_SIZES = {"train": 4000, "heldout": 256}  # the task's own splits, drawn with seed 0 (write_reverse_data's)
 
 
 def make_reverse_splits(
@@ -32,7 +35,9 @@ def make_reverse_splits(
     return recs[:n_train], recs[n_train:]
 
 
-def write_reverse_data(out: str | Path, n_train: int = 4000, n_heldout: int = 256, seed: int = 0) -> Path:
+def write_reverse_data(
+    out: str | Path, n_train: int = SPLIT_SIZES["train"], n_heldout: int = SPLIT_SIZES["heldout"], seed: int = 0
+) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     train, heldout = make_reverse_splits(n_train, n_heldout, seed)
@@ -63,6 +68,13 @@ class ReverseTask(Task):
 
     def __init__(self, question_key: str = "question", answer_key: str = "answer"):
         self.question_key, self.answer_key = question_key, answer_key
+
+    def examples(self, split: str) -> list[Example]:
+        """The split 'task:train' or 'task:heldout': the records write_reverse_data writes, in their order."""
+        if split not in SPLIT_SIZES:
+            raise DataError(f"data spec 'task:{split}': the reverse task makes the splits {', '.join(SPLIT_SIZES)}")
+        recs = make_reverse_splits(SPLIT_SIZES["train"], SPLIT_SIZES["heldout"])[list(SPLIT_SIZES).index(split)]
+        return [Example(r["question"], r["answer"], r["answer"], f"task:{split}:{i}") for i, r in enumerate(recs, 1)]
 
     def reward(self, completion: str, example: Example) -> float:
         return reverse_reward(completion, example.reference)

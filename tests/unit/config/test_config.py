@@ -11,6 +11,7 @@ from rl_training.config.reference import reference, write_reference
 from rl_training.config.resolve import resolve
 from rl_training.config.rules import check_trainable_dtype
 from rl_training.config.schema import ConfigError, all_keys, derive
+from rl_training.data.sources import DataError
 from tests.helpers import REPO
 
 CFG_DIR = REPO / "cfg"
@@ -428,29 +429,37 @@ def test_run_name_is_a_single_path_component(tmp_path, name, why, capsys):
     load_config(None, ["run.name=my-run_2.v1"])  # dots, dashes inside a name are fine
 
 
-def test_a_task_that_makes_its_splits_reads_them_when_no_data_is_named(tmp_path):
-    from rl_training.config.schema import GENERATED_SPLITS
-    from rl_training.data.sources import TASK_SPLIT
-    from rl_training.tasks.build import FAMILIES
-    from rl_training.tasks.reasoning_gym import FAMILY, SPLITS
-    from rl_training.tasks.verifiers_env import FAMILY as VF_FAMILY
-    from rl_training.tasks.verifiers_env import SPLITS as VF_SPLITS
+def test_the_data_defaults_to_the_task_s_own_splits_and_config_names_no_task_family(tmp_path):
+    # Task families declare their own splits (Task.examples); config/ names none of them (issue 51, item 3): with
+    # no data named, every task reads 'task:train' / 'task:heldout', which a task that reads files refuses by name.
+    from rl_training.data.sources import load_examples
+    from rl_training.tasks.build import make_task
+    from rl_training.tasks.reverse import make_reverse_splits
 
-    # the facts config/load.py relies on, from where they live
-    assert GENERATED_SPLITS == (FAMILY, VF_FAMILY) and {FAMILY, VF_FAMILY} <= set(FAMILIES) and TASK_SPLIT == "task:"
-    assert {"train", "heldout"} <= set(SPLITS) & set(VF_SPLITS)  # the defaults load.py names (reasoning-gym: + valid)
-    cfg = load_config(None, ["task.name=reasoning-gym/spell_backward"])
-    assert (cfg.data.train, cfg.data.eval) == ("task:train", "task:heldout")
-    for name in ("verifiers/my-env", "verifiers"):  # an environment package by id, or task.args.env
-        cfg = load_config(None, [f"task.name={name}"])
-        assert (cfg.data.train, cfg.data.eval) == ("task:train", "task:heldout")
+    default = load_config(None, [])
+    assert (default.data.train, default.data.eval) == ("task:train", "task:heldout")
+    for name in ("reasoning-gym/spell_backward", "verifiers/my-env", "gsm8k"):
+        assert load_config(None, [f"task.name={name}"]).data.train == "task:train"
     yaml_file = tmp_path / "rg.yaml"
     yaml_file.write_text("task: {name: reasoning-gym, args: {datasets: {spell_backward: {}}}}\ndata: {eval: h.jsonl}\n")
     cfg = load_config(yaml_file)
     assert (cfg.data.train, cfg.data.eval) == ("task:train", "h.jsonl")  # what the config names stays
-    default = load_config(None, [])
-    assert default.data.train == "data/reverse/train.jsonl"  # any other task: the data keys' own defaults
     assert load_config(None, ["task.name=reasoning-gym/x", "data.train=f.jsonl"]).data.train == "f.jsonl"
+    # the reverse task's own splits are the records scripts/make_synthetic_data.py writes, in their order
+    reverse = make_task("reverse")
+    train, heldout = make_reverse_splits(4000, 256)
+    for split, recs in (("train", train), ("heldout", heldout)):
+        got = load_examples(f"task:{split}", reverse.parse)
+        assert [(ex.question, ex.reference, ex.solution) for ex in got] == [
+            (r["question"], r["answer"], r["answer"]) for r in recs
+        ]
+    assert {ex.question for ex in load_examples("task:train", reverse.parse)}.isdisjoint(q["question"] for q in heldout)
+    with pytest.raises(DataError, match="the reverse task makes the splits train, heldout"):
+        load_examples("task:valid", reverse.parse)
+    with pytest.raises(DataError, match="makes no problems of its own; name its data files in data.train"):
+        load_examples("task:train", make_task("gsm8k").parse)
+    config_code = "\n".join(p.read_text() for p in (REPO / "rl_training" / "config").glob("*.py"))
+    assert "data/reverse" not in config_code and "SPLITS" not in config_code  # the help strings name families
 
 
 def test_the_help_of_the_registered_names_names_each_one():

@@ -129,8 +129,8 @@ def test_a_synthesized_row_and_a_saved_entry_are_read_back(tmp_path):
 
 
 def test_a_task_that_makes_no_splits_says_so():
-    with pytest.raises(DataError, match="ReverseTask makes no problems of its own"):
-        load_examples("task:train", make_task("reverse").parse)
+    with pytest.raises(DataError, match="MathTask makes no problems of its own"):
+        load_examples("task:train", make_task("gsm8k").parse)
     with pytest.raises(DataError, match="makes the splits train, valid, heldout"):
         load_examples("task:test", spell().parse)
 
