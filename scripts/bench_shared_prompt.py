@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from rl_training.algs.objectives import StepNorm
+    from rl_training.base.groups import Groups
     from rl_training.config.schema import LoraCfg
     from rl_training.policy.models import apply_lora, trainable_parameters
     from rl_training.policy.tiny_model import make_tiny_model
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
         for k, v in layouts.items():
             dt, grads[k] = run(v)
             times[k].append(dt)
-    padded_n, shared_n = shared_tokens(ro.prompt_ids, ro.completion_ids, a.group_size)
+    padded_n, shared_n = shared_tokens(ro.prompt_ids, ro.completion_ids, Groups.of_rows(len(ro), a.group_size))
     ran = {"padded": padded_n, "shared": shared_n}
     print(
         f"{model_dir.name}: {a.groups} groups x {a.group_size}, prompts {a.prompt[0]}-{a.prompt[1]} tokens, "

@@ -18,6 +18,8 @@ Departures from the paper: decoupled clip bounds (eps_low / eps_high) are an opt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -36,10 +38,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return centered.masked_fill(constant.unsqueeze(1), 0.0).view(-1)
 
 
-def zero_adv_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] -> [N/G] bool: groups whose advantages are all exactly 0, i.e. (by `group_advantages`) the groups
-    whose rewards are all equal; a non-constant group always keeps a non-zero advantage."""
-    return (advantages.view(-1, group_size) == 0).all(dim=1)
+def zero_adv_groups(advantages: torch.Tensor, group_size: int | Sequence[int]) -> torch.Tensor:
+    """[N] -> [groups] bool: groups whose advantages are all exactly 0, i.e. (by `group_advantages`) the groups
+    whose rewards are all equal; a non-constant group always keeps a non-zero advantage. `group_size`: every
+    group's size, or each group's (Groups.sizes), group by group."""
+    sizes = [group_size] if isinstance(group_size, int) else list(group_size)
+    if len(set(sizes)) <= 1:
+        return (advantages.view(-1, sizes[0] if sizes else 1) == 0).all(dim=1)
+    return torch.stack([(a == 0).all() for a in advantages.split(sizes)])
 
 
 # Elements of the float32 working copy of the logits per chunk (256 MiB): the full [B, L, V] copy would be

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from rl_training.base import dist
+from rl_training.base.groups import Groups
 
 FILE_PATTERN = "samples_{:06d}.jsonl"  # numbered by the first step the file holds, so names sort by time
 
@@ -41,7 +42,7 @@ def sample_record(
     step: int,
     rank: int,
     row: int,
-    group_size: int,
+    groups: Groups,
     prompt: str,
     completion: str,
     reward: float,
@@ -55,12 +56,13 @@ def sample_record(
 ) -> dict:
     """One sample line: what a researcher needs to judge a rollout without the run's other files. Multi-turn
     episodes add `episode`: the whole response with its observations (`text`) and the episode's counts."""
+    group, index = groups.place(row)
     return {
         **({"episode": episode} if episode is not None else {}),
         "step": step,
         "rank": rank,
-        "group": row // group_size,
-        "index": row % group_size,
+        "group": group,
+        "index": index,
         "prompt": prompt,
         "completion": completion,
         "reward": reward,
@@ -169,17 +171,18 @@ class StepSamples:
     """The runner's hook: every `samples_every` steps, choose, format, gather and write a step's samples.
     Collective when due (every rank calls it with its own rollouts)."""
 
-    def __init__(self, run_cfg, seed: int, group_size: int, tokenizer, run_dir: Path, is_main: bool, start_step: int):
-        self.k, self.every, self.seed, self.group = run_cfg.samples_per_step, run_cfg.samples_every, seed, group_size
+    def __init__(self, run_cfg, seed: int, tokenizer, run_dir: Path, is_main: bool, start_step: int):
+        self.k, self.every, self.seed = run_cfg.samples_per_step, run_cfg.samples_every, seed
         self.tokenizer = tokenizer
         self.writer = SampleWriter(run_dir, is_main and self.k > 0, max_mb=run_cfg.samples_max_mb)
         self.writer.drop_after(start_step)
 
-    def __call__(self, step: int, rollouts, scores, advantages, seq_gap: dict[int, float], logger) -> None:
-        """`step`: the completed step (1-based, as logged); the rollouts were sampled by the policy of step - 1."""
+    def __call__(self, step: int, batch, scores, advantages, seq_gap: dict[int, float], logger) -> None:
+        """`step`: the completed step (1-based, as logged); `batch` (a StepBatch) was sampled by the policy of step
+        - 1."""
         if self.k <= 0 or step % self.every:
             return
-        rank, world = dist.rank(), dist.world_size()
+        rollouts, rank, world = batch.rollouts, dist.rank(), dist.world_size()
         mine = [row for r, row in choose(self.seed, step, [len(rollouts)] * world, self.k) if r == rank]
         mine += [row for row in failed_rows(rollouts) if row not in mine]
         versions = rollouts.policy_version
@@ -188,7 +191,7 @@ class StepSamples:
                 step=step,
                 rank=rank,
                 row=row,
-                group_size=self.group,
+                groups=batch.groups,
                 # as the model saw it: a chat template's turns and headers included
                 prompt=self.tokenizer.decode(rollouts.prompt_ids[row], skip_special_tokens=False),
                 completion=rollouts.texts[row],

@@ -36,6 +36,7 @@ import torch
 
 from rl_training.algs.common import zero_adv_groups
 from rl_training.base import dist
+from rl_training.base.groups import Groups
 from rl_training.probes import ess as ess_math
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.capture import LoraUnitCapture, MicroGradCapture
@@ -154,9 +155,12 @@ class StepProbes:
         self.micro_cap = self.unit_cap = None
 
     # -------------------------------------------------------------------------------------- step
-    def _reset(self, group_size: int, completion_lengths: list[int]) -> None:
-        self.G = group_size
-        self.n_local = len(completion_lengths) // group_size if group_size else 0
+    def _reset(self, groups: Groups | int, completion_lengths: list[int]) -> None:
+        if isinstance(groups, int):  # the size of every group (0: none yet)
+            groups = Groups.of_rows(len(completion_lengths), groups) if groups else Groups(())
+        self.groups = groups
+        self.G = groups.size if len(groups) else 0
+        self.n_local = len(self.groups)
         self.lengths = completion_lengths
         zero = _vector([0.0], self.device)[0]
         self.sums = {k: zero for k in STEP_SUMS}  # device scalars, reduced over ranks in metrics()
@@ -175,15 +179,16 @@ class StepProbes:
         return self.budget is not None and "unit" in self.levels and step % self.unit_every == 0
 
     def begin_step(
-        self, group_size: int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0, rewards=()
+        self, groups: Groups | int, advantages: torch.Tensor, completion_lengths: list[int], step: int = 0, rewards=()
     ) -> None:
-        """`advantages`, `completion_lengths` and `rewards` [n_seq]: all of this rank's sequences, group by group,
-        including the groups that zero-advantage dropping will skip. `step`: the RL step (unit_every's cadence)."""
+        """`advantages`, `completion_lengths` and `rewards` [n_seq]: all of this rank's sequences, group by group
+        (`groups`, or the size of every group), including the groups that zero-advantage dropping will skip.
+        `step`: the RL step (unit_every's cadence)."""
         self.guard.step_failed = False
         self.unit_on = "unit" in self.levels and step % self.unit_every == 0
         with self.guard("begin_step"):
-            self._reset(group_size, completion_lengths)
-            zero = zero_adv_groups(advantages.detach().to(self.device), group_size)
+            self._reset(groups, completion_lengths)
+            zero = zero_adv_groups(advantages.detach().to(self.device), self.G)
             self.sums["groups.n"] = float(self.n_local)
             self.sums["groups.zero"] = zero.double().sum()
             self.sums["len.sum"] = float(sum(completion_lengths))
@@ -258,11 +263,11 @@ class StepProbes:
         # are fixed before dropping, see make_micro_batches). Their sequences and tokens count in the advantage
         # ESS with weight 0 (E6), so dropping leaves ess/adv_seq and ess/adv_token unchanged.
         skipped = self.n_local - self.kept_groups
-        skipped_tokens = sum(
-            sum(self.lengths[g * self.G : (g + 1) * self.G]) for g in range(self.n_local) if g not in self.seen_groups
-        )
+        gone = [g for g in range(self.n_local) if g not in self.seen_groups]
+        skipped_seqs = sum(self.groups.sizes[g] for g in gone)
+        skipped_tokens = sum(self.lengths[r] for r in self.groups.rows_of(gone))
         empty = ess_math.LogKish.empty(self.device)
-        self.kish["adv_seq"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped * self.G, empty.bad)
+        self.kish["adv_seq"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_seqs, empty.bad)
         self.kish["adv_tok"] += ess_math.LogKish(empty.shift, empty.s1, empty.s2, empty.n + skipped_tokens, empty.bad)
         if "unit" in self.small and self.unit_on:
             self._add_small("unit", 0.0, float(skipped), float(skipped), skipped / self.units**2)

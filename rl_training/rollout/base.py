@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rl_training.base.groups import Groups
+
 
 @dataclass
 class Rollouts:
-    """Completions ordered group by group: sequences [g*G, (g+1)*G) answer prompt g."""
+    """Completions ordered group by group (base/groups.py: which rows answer which prompt)."""
 
     prompt_ids: list[list[int]]  # [N][prompt_len] prompt tokens of each sequence (shared within a group)
     completion_ids: list[list[int]]  # [N][len_i] sampled tokens, the stop token included when produced
@@ -41,15 +43,10 @@ class Rollouts:
         return len(self.completion_ids)
 
 
-def group_rows(groups, group_size: int) -> list[int]:
-    """The rows (sequence indices) of prompt groups `groups`, group by group: group g is rows [g*G, (g+1)*G)."""
-    return [g * group_size + i for g in groups for i in range(group_size)]
-
-
 @dataclass
 class StepBatch:
     """One step's generated data on this rank, what the learner trains on: the prompts' dataset indices, their
-    completions group by group (group g = rollouts[g*G, (g+1)*G)) and the example each completion answers."""
+    completions group by group (`groups`: prompt i's are group i) and the example each completion answers."""
 
     indices: list[int]  # [P] dataset indices of this rank's prompts
     rollouts: Rollouts  # [P * G] sequences, group by group
@@ -63,10 +60,15 @@ class StepBatch:
                 f"got {len(self.rollouts)} and {len(self.examples)}"
             )
 
+    @property
+    def groups(self) -> Groups:
+        """The batch's rows by group (prompt i's completions are group i)."""
+        return Groups.uniform(len(self.indices), self.group_size)
+
     def token_counts(self) -> tuple[int, int]:
         """(prompt tokens, each prompt once; completion tokens) of the batch: what generating it read and wrote."""
-        ro, k = self.rollouts, self.group_size
-        return sum(len(ro.prompt_ids[i]) for i in range(0, len(ro), k)), sum(len(c) for c in ro.completion_ids)
+        ro = self.rollouts
+        return sum(len(ro.prompt_ids[s]) for s in self.groups.starts), sum(len(c) for c in ro.completion_ids)
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from rl_training.rollout.base import Rollouts, StepBatch, group_rows
+from rl_training.base.groups import Groups
+from rl_training.rollout.base import Rollouts, StepBatch
 from rl_training.tasks.base import Scores
 
 
-def informative_groups(rewards: Sequence[float], group_size: int) -> list[bool]:
+def informative_groups(rewards: Sequence[float], groups: Groups) -> list[bool]:
     """Per group: whether its rewards differ (a tied group has zero advantage under any group baseline)."""
-    return [len(set(rewards[s : s + group_size])) > 1 for s in range(0, len(rewards), group_size)]
+    return [len(set(r)) > 1 for r in groups.split(rewards)]
 
 
 @dataclasses.dataclass
@@ -58,7 +59,7 @@ def _pick(xs, rows):
 def select_groups(s: Scored, groups: Sequence[int]) -> Scored:
     """The groups `groups` of `s`, in that order."""
     k, ro, sc = s.batch.group_size, s.batch.rollouts, s.scores
-    rows = group_rows(groups, k)
+    rows = s.batch.groups.rows_of(groups)
     picked = dataclasses.replace(ro, **{f: _pick(getattr(ro, f), rows) for f in PER_ROW})
     scores = dataclasses.replace(
         sc,
@@ -123,13 +124,14 @@ class RefillStats:
     prompt_tokens_generated: int = 0  # their prompts' tokens (each prompt once) and their completions' tokens
     completion_tokens_generated: int = 0
 
-    def measure(self, meter, groups: int, group_size: int) -> None:
+    def measure(self, meter, trained: Groups) -> None:
+        """Into `meter`, for the step that trains on the groups `trained`."""
         meter.add("rollout/refill_rounds", self.rounds)
         meter.add("rollout/refill_prompts", self.prompts)
         meter.add("rollout/completions_generated", self.completions_generated)
-        meter.add("rollout/completions_trained", groups * group_size)
-        meter.mean("rollout/informative_group_frac", self.informative_first, per=groups)
-        meter.mean("rollout/informative_group_frac_trained", self.informative_kept, per=groups)
+        meter.add("rollout/completions_trained", trained.n_rows)
+        meter.mean("rollout/informative_group_frac", self.informative_first, per=len(trained))
+        meter.mean("rollout/informative_group_frac_trained", self.informative_kept, per=len(trained))
 
 
 def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -> tuple[Scored, RefillStats]:
@@ -137,8 +139,8 @@ def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -
     round 1, 2, ...) until B are informative or `max_rounds` ran; short of B, `first`'s tied groups fill the rest
     (in their order). Each round asks for as many prompts as informative groups are missing, scaled up by the
     informative fraction seen so far (at most B): a step with half its groups tied draws twice the shortfall."""
-    B, k = len(first.batch.indices), first.batch.group_size
-    info = informative_groups(first.rewards, k)
+    B = len(first.batch.indices)
+    info = informative_groups(first.rewards, first.batch.groups)
     kept = [select_groups(first, [g for g, ok in enumerate(info) if ok])]
     have, seen, seen_ok = sum(info), len(info), sum(info)
     rounds = prompts = 0
@@ -152,7 +154,7 @@ def refill(first: Scored, draw: Callable[[int, int], Scored], max_rounds: int) -
         prompts += n
         generated += len(more.rewards)
         tokens = tuple(a + b for a, b in zip(tokens, more.batch.token_counts(), strict=True))
-        ok = informative_groups(more.rewards, k)
+        ok = informative_groups(more.rewards, more.batch.groups)
         seen, seen_ok = seen + len(ok), seen_ok + sum(ok)
         take = [g for g, x in enumerate(ok) if x][:need]
         if take:

@@ -59,7 +59,7 @@ def refill_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTi
             return score_batch(run, batch)
 
     out, stats = refill(first, draw, run.cfg.rollout.dynamic_sampling_max_rounds)
-    stats.measure(meter, len(out.batch.indices), out.batch.group_size)
+    stats.measure(meter, out.batch.groups)
     return out, stats
 
 

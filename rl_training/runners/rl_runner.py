@@ -226,9 +226,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=kind.canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
-        samples=StepSamples(
-            cfg.run, cfg.train.seed, cfg.rollout.group_size, tokenizer, derived.run_dir, info.is_main, start_step
-        ),
+        samples=StepSamples(cfg.run, cfg.train.seed, tokenizer, derived.run_dir, info.is_main, start_step),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
     pin = versioned(backend, cfg).pinned if K else None
@@ -294,7 +292,7 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     metrics = step_metrics(run, meter, step, batch, scores, learned, timer)
     if learned.ran:
         gaps = dict(zip(learned.rows, meter.kept.get("logp_gap", []), strict=True))
-        run.samples(step + 1, batch.rollouts, scores, learned.advantages, gaps, run.logger)
+        run.samples(step + 1, batch, scores, learned.advantages, gaps, run.logger)
     return metrics
 
 

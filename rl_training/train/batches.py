@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from rl_training.algs.common import token_logprobs, zero_adv_groups
-from rl_training.rollout.base import Rollouts, group_rows
+from rl_training.base.groups import Groups
+from rl_training.rollout.base import Rollouts
 from rl_training.train.packing import PackedRows, pack_sequences, packed_to
 from rl_training.train.shared_prompt import SharedRows, groups_share_prompts, share_prompts
 
@@ -25,20 +26,19 @@ class MicroBatch:
     #                     prompt, padding and multi-turn observation tokens: Rollouts.loss_mask)
     advantages: torch.Tensor  # [B]
     rollout_logp: torch.Tensor  # [B,T-1] sampler log-probs aligned with `mask`, 0 elsewhere
-    group_ids: list[int]  # [B/G] indices of the groups in this micro-batch
+    group_ids: list[int]  # indices of the groups in this micro-batch
     n_units: int = 0  # groups of the micro-batch before zero-advantage groups were dropped (>= len(group_ids))
     packed: PackedRows | None = None  # the same sequences without padding (train.pack_sequences); the model runs on it
     turn: torch.Tensor | None = None  # [B,T-1] turn number (1..) of each target in `mask`, 0 elsewhere; multi-turn
     head_from: int = 0  # first position whose logits any row needs (padded rows: the shortest prompt's last token)
     shared: SharedRows | None = None  # one row per group behind its prompt (train.share_prompt); the model runs on it
+    rows: list[int] | None = None  # [B] the rollout rows of its sequences, group by group (None: equal groups)
 
     def __post_init__(self):
         self.n_units = self.n_units or len(self.group_ids)
-
-    @property
-    def rows(self) -> list[int]:
-        """The rollout rows of this micro-batch, group by group (its sequences' order)."""
-        return group_rows(self.group_ids, len(self.advantages) // len(self.group_ids))
+        if self.rows is None:
+            size = len(self.advantages) // len(self.group_ids)
+            self.rows = Groups.uniform(max(self.group_ids) + 1, size).rows_of(self.group_ids)
 
     @property
     def row_targets(self) -> torch.Tensor:
@@ -60,7 +60,7 @@ class MicroBatch:
 def make_micro_batches(
     rollouts: Rollouts,
     advantages: torch.Tensor,
-    group_size: int,
+    groups: Groups | int,
     groups_per_micro: int,
     pad_id: int,
     device: torch.device,
@@ -70,7 +70,8 @@ def make_micro_batches(
     zero_groups: torch.Tensor | None = None,
     share_prompt: bool = False,
 ) -> list[MicroBatch]:
-    """Pack whole prompt groups into micro-batches (a group is never split).
+    """Pack whole prompt groups (`groups`: the rollouts' rows by group, or the size of every group) into
+    micro-batches (a group is never split).
 
     The partition into micro-batches is fixed first (consecutive blocks of the rollout order, which is the
     seeded prompt order); dropping zero-advantage groups then removes them inside their block, and a block
@@ -82,8 +83,9 @@ def make_micro_batches(
     `zero_groups`: the groups' zero-advantage flags when the caller has them (algs/common.py zero_adv_groups).
     `share_prompt`: each micro-batch also carries its groups as shared-prompt rows (train/shared_prompt.py), which
     the model then runs on, when every group's sequences repeat one prompt (else it stays padded or packed)."""
-    n_groups = len(rollouts) // group_size
-    zero = zero_adv_groups(advantages, group_size) if zero_groups is None else zero_groups
+    groups = Groups.of_rows(len(rollouts), groups) if isinstance(groups, int) else groups
+    n_groups = len(groups)
+    zero = zero_adv_groups(advantages, groups.sizes) if zero_groups is None else zero_groups
     blocks = [list(range(s, min(s + groups_per_micro, n_groups))) for s in range(0, n_groups, groups_per_micro)]
     kept = [[g for g in b if not zero[g]] if drop_zero_adv_groups else b for b in blocks]
     if blocks and not any(kept):
@@ -94,7 +96,7 @@ def make_micro_batches(
     for block, gids in zip(blocks, kept, strict=True):
         if not gids:
             continue
-        rows = group_rows(gids, group_size)
+        rows, mine = groups.rows_of(gids), groups.select(gids)
         seqs = [rollouts.prompt_ids[r] + rollouts.completion_ids[r] for r in rows]
         width = max(len(x) for x in seqs) + extra_pad
         # Python lists, one tensor each: per-row tensor construction and slicing dominated this function
@@ -108,11 +110,11 @@ def make_micro_batches(
         turn = torch.tensor(turn_l, dtype=torch.long) if turn_l is not None else None
         packed = shared = None
         prompts = [rollouts.prompt_ids[r] for r in rows] if share_prompt else []
-        if share_prompt and groups_share_prompts(prompts, group_size):
+        if share_prompt and groups_share_prompts(prompts, mine):
             completions = [rollouts.completion_ids[r] for r in rows]
-            shared = share_prompts(prompts, completions, group_size, pad_id, width).to(device)
+            shared = share_prompts(prompts, completions, mine, pad_id, width).to(device)
         elif pack_row_tokens is not None:
-            packed = packed_to(pack_sequences(seqs, group_size, pad_id, pack_row_tokens, width), device)
+            packed = packed_to(pack_sequences(seqs, mine, pad_id, pack_row_tokens, width), device)
         out.append(
             MicroBatch(
                 input_ids=ids.to(device),
@@ -127,6 +129,7 @@ def make_micro_batches(
                 shared=shared,
                 turn=turn.to(device) if turn is not None else None,
                 head_from=min(len(rollouts.prompt_ids[r]) for r in rows) - 1,
+                rows=rows,
             )
         )
     return out

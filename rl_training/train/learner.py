@@ -332,7 +332,7 @@ class Learner:
         micro = make_micro_batches(
             ro,
             advantages,
-            group,
+            batch.groups,
             self.micro_batch_groups,
             self.pad_id,
             self.device,
@@ -343,7 +343,7 @@ class Learner:
         )
         trainable = [ro.trainable(i) for i in range(len(ro))]
         norm = step_norm(sum(trainable), self.seqs_per_rank, self.max_trainable_tokens, self.device)
-        self.probes.begin_step(group, advantages, trainable, step, rewards)
+        self.probes.begin_step(batch.groups, advantages, trainable, step, rewards)
         skipped = train_on_rollouts(
             self.model, self.optimizer, self.scheduler, self.params, micro, hp.for_step(step), norm, self.probes, meter
         )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_training.base.groups import Groups
+
 
 @dataclass
 class PackedRows:
@@ -75,9 +77,9 @@ def row_tokens_for(attn_implementation: str, row_tokens: int) -> int:
 
 
 def pack_sequences(
-    seqs: list[list[int]], group_size: int, pad_id: int, row_tokens: int = 0, padded_width: int = 0
+    seqs: list[list[int]], groups: Groups, pad_id: int, row_tokens: int = 0, padded_width: int = 0
 ) -> PackedRows:
-    """Pack `seqs` (group by group, `group_size` consecutive sequences per prompt group) into rows of at most
+    """Pack `seqs` (group by group: `groups`' rows) into rows of at most
     max(row_tokens, longest sequence) tokens (trimmed to the fullest row); `index` maps the padded layout of
     width max(padded_width, longest) onto them."""
     lengths = [len(s) for s in seqs]
@@ -105,10 +107,9 @@ def pack_sequences(
         pos[r][o:] = range(W - o)  # the pads: a block of their own, starting at 0
         if o < W:
             starts.append(r * W + o)
-    n_groups = len(seqs) // group_size
-    groups = [[t for b in range(g * group_size, (g + 1) * group_size) for t in token_at[b]] for g in range(n_groups)]
-    tg = max(len(g) for g in groups)
-    group_tokens = [g + [none_tok] * (tg - len(g)) for g in groups]
+    per_group = [[t for b in groups.rows(g) for t in token_at[b]] for g in range(len(groups))]
+    tg = max(len(g) for g in per_group)
+    group_tokens = [g + [none_tok] * (tg - len(g)) for g in per_group]
     ts = max(lengths)
     seq_tokens = [t + [none_tok] * (ts - len(t)) for t in token_at]
     input_ids = torch.tensor(ids, dtype=torch.long)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_training.base.groups import Groups
+
 PROMPT, PAD = -1, -2  # segment ids of a row's prompt and pad tokens; completion k has segment k
 
 
@@ -65,24 +67,22 @@ class SharedRows:
         )
 
 
-def groups_share_prompts(prompts: list[list[int]], group_size: int) -> bool:
-    """Whether each group's `group_size` consecutive prompts are one prompt (always, for rollouts of GRPO groups)."""
-    return all(prompts[s + i] == prompts[s] for s in range(0, len(prompts), group_size) for i in range(1, group_size))
+def groups_share_prompts(prompts: list[list[int]], groups: Groups) -> bool:
+    """Whether each group's prompts are one prompt (always, for rollouts of GRPO groups)."""
+    return all(all(p == group[0] for p in group[1:]) for group in groups.split(prompts))
 
 
 def share_prompts(
-    prompts: list[list[int]], completions: list[list[int]], group_size: int, pad_id: int, padded_width: int
+    prompts: list[list[int]], completions: list[list[int]], groups: Groups, pad_id: int, padded_width: int
 ) -> SharedRows:
-    """The shared-prompt rows of whole groups (`group_size` consecutive sequences each, one prompt per group:
-    groups_share_prompts); `padded_width` is the padded layout's width T that `index` maps from."""
-    n_groups = len(prompts) // group_size
+    """The shared-prompt rows of whole groups (`groups`' rows, one prompt per group: groups_share_prompts);
+    `padded_width` is the padded layout's width T that `index` maps from."""
     B = len(prompts)
-    rows = []
-    for g in range(n_groups):
-        s = g * group_size
-        rows.append(prompts[s] + [t for c in completions[s : s + group_size] for t in c])
+    rows = [
+        prompts[s] + [t for c in cs for t in c] for s, cs in zip(groups.starts, groups.split(completions), strict=True)
+    ]
     L = max(len(r) for r in rows)
-    head_from = min(len(prompts[g * group_size]) for g in range(n_groups)) - 1
+    head_from = min(len(prompts[s]) for s in groups.starts) - 1
     keep = L - head_from
     C = max(1, max(len(c) for c in completions))
     ids = [r + [pad_id] * (L - len(r)) for r in rows]
@@ -92,12 +92,12 @@ def share_prompts(
     targets = [[0] * C for _ in range(B)]
     none = B * C
     index = [[none] * (padded_width - 1) for _ in range(B)]
-    for g in range(n_groups):
-        s, P = g * group_size, len(prompts[g * group_size])
+    for g, s in enumerate(groups.starts):
+        P = len(prompts[s])
         p_row, s_row = list(range(P)), [PROMPT] * P
         col = P
-        for k in range(group_size):
-            b, c = s + k, completions[s + k]
+        for k, b in enumerate(groups.rows(g)):
+            c = completions[b]
             for j in range(len(c)):
                 # completion token j is predicted at the prompt's last column (j = 0) or at its own token j - 1
                 source = P - 1 if j == 0 else col + j - 1
@@ -127,10 +127,11 @@ def share_prompts(
     )
 
 
-def shared_tokens(prompts: list[list[int]], completions: list[list[int]], group_size: int) -> tuple[int, int]:
+def shared_tokens(prompts: list[list[int]], completions: list[list[int]], groups: Groups) -> tuple[int, int]:
     """(tokens the padded layout runs the model on, tokens the shared-prompt rows run on) for whole groups."""
     seqs = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
     rows = [
-        len(prompts[s]) + sum(len(c) for c in completions[s : s + group_size]) for s in range(0, len(seqs), group_size)
+        len(prompts[s]) + sum(len(c) for c in cs)
+        for s, cs in zip(groups.starts, groups.split(completions), strict=True)
     ]
     return len(seqs) * max(seqs), len(rows) * max(rows)

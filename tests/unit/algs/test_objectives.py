@@ -264,6 +264,9 @@ def test_equal_float32_rewards_give_exactly_zero_advantages(name):
     adv = step_advantages(OBJECTIVES[name], r, 8, cpu)
     assert adv.dtype == torch.float64 and (adv[:8] == 0).all() and (adv[8:] != 0).all()
     assert zero_adv_groups(adv, 8).tolist() == [True, False]
+    # by each group's size (Groups.sizes): 8 zeros, 5 of group 1's non-zero advantages, 3 zeros
+    assert zero_adv_groups(adv, [8, 8]).tolist() == [True, False]
+    assert zero_adv_groups(torch.cat([adv[:8], adv[8:13], adv[:3]]), [8, 5, 3]).tolist() == [True, False, True]
     # One micro-batch of both groups: dropping keeps group 1 only; without dropping both stay.
     ro = fake_rollouts(8)  # 16 sequences, regrouped here as 2 groups of 8
     assert [mb.group_ids for mb in make_micro_batches(ro, adv, 8, 2, 0, cpu, True)] == [[1]]

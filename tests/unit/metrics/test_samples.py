@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from rl_training.base.groups import Groups
 from rl_training.metrics.samples import SampleWriter, choose, markdown, sample_record
 
 
@@ -12,7 +13,7 @@ def rec(step: int, row: int = 0, reward: float = 0.5, text: str = "x") -> dict:
         step=step,
         rank=0,
         row=row,
-        group_size=4,
+        groups=Groups.uniform(64, 4),
         prompt="abc=",
         completion=text,
         reward=reward,

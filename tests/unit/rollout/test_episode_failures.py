@@ -232,15 +232,16 @@ def test_the_first_failed_episode_of_each_kind_is_written_beside_the_drawn_sampl
     import json
     from types import SimpleNamespace
 
+    from rl_training.base.groups import Groups
     from rl_training.metrics.samples import StepSamples, choose
     from rl_training.metrics.wandb_log import NullWandb
 
     ro = run(Flaky("step"))
     run_cfg = SimpleNamespace(samples_per_step=1, samples_every=1, samples_max_mb=1.0)
-    hook = StepSamples(run_cfg, seed=4, group_size=3, tokenizer=TOK, run_dir=tmp_path, is_main=True, start_step=0)
+    hook = StepSamples(run_cfg, seed=4, tokenizer=TOK, run_dir=tmp_path, is_main=True, start_step=0)
     logger = SimpleNamespace(text=lambda *a: None, wandb=NullWandb())
     scores = SimpleNamespace(rewards=[0.0, 0.0, 0.0], parts={})
-    hook(1, ro, scores, [0.0, 0.0, 0.0], {}, logger)
+    hook(1, SimpleNamespace(rollouts=ro, groups=Groups.uniform(1, 3)), scores, [0.0, 0.0, 0.0], {}, logger)
     lines = [json.loads(x) for x in (tmp_path / "samples" / "samples_000001.jsonl").read_text().splitlines()]
     assert choose(4, 1, [3], 1) == [(0, 2)]
     assert sorted(r["index"] for r in lines) == [1, 2]

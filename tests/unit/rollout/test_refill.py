@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
+from rl_training.base.groups import Groups
 from rl_training.base.meter import Meter
 from rl_training.data.prompts import PromptSampler
 from rl_training.rollout.base import Rollouts, StepBatch
@@ -25,7 +26,8 @@ def scripted(indices: list[int], rewards: list[float], k: int = 2) -> Scored:
 
 
 def test_informative_groups():
-    assert informative_groups([1, 1, 0, 1, 0.5, 0.5], 2) == [False, True, False]
+    assert informative_groups([1, 1, 0, 1, 0.5, 0.5], Groups.uniform(3, 2)) == [False, True, False]
+    assert informative_groups([1, 1, 0, 1, 0.5, 0.5], Groups((3, 1, 2))) == [True, False, False]  # unequal
 
 
 def test_select_and_concat_keep_every_row_with_its_group():
@@ -56,13 +58,13 @@ def test_refill_keeps_informative_groups_and_draws_the_shortfall_over_the_inform
     out, stats = refill(first, draw, max_rounds=3)
     assert asked == [(1, 4), (2, 3)]
     assert out.batch.indices == [0, 2, 101, 200]
-    assert all(informative_groups(out.rewards, 2))
+    assert all(informative_groups(out.rewards, out.batch.groups))
     assert (stats.rounds, stats.prompts, stats.informative_first, stats.informative_kept) == (2, 7, 2, 4)
     assert stats.completions_generated == (4 + 4 + 3) * 2
     # every scripted prompt is 2 tokens and every completion 1: 11 prompts once, 22 completions
     assert (stats.prompt_tokens_generated, stats.completion_tokens_generated) == (11 * 2, 22 * 1)
     m = Meter()
-    stats.measure(m, 4, 2)
+    stats.measure(m, Groups.uniform(4, 2))
     got = m.reduce(torch.device("cpu"))
     assert got["rollout/refill_rounds"] == 2 and got["rollout/refill_prompts"] == 7
     assert got["rollout/completions_generated"] == 22 and got["rollout/completions_trained"] == 8
@@ -104,7 +106,7 @@ def test_the_normaliser_is_the_configured_constant_so_a_refilled_step_is_n_over_
     policy = lora_policy(tiny_model)
     ro = fake_rollouts(6, seed=4)  # N = 6 groups of G = 2: the batch as drawn (3) and one refill round (3)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.9, 1.0, 1.0, 0.0, 1.0, 0.3, 0.3], dtype=torch.float64)
-    info = informative_groups(rewards.tolist(), G)
+    info = informative_groups(rewards.tolist(), Groups.of_rows(len(rewards), G))
     assert info == [True, False, True, False, True, False]  # B = 3 informative of N = 6
     adv = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True)  # Dr-GRPO: r - group mean
     everything, _ = grads_after(policy, ro, adv.reshape(-1), 6)

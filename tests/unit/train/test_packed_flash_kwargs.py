@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_training.algs.common import token_logprobs
+from rl_training.base.groups import Groups
 from rl_training.rollout.base import Rollouts
 from rl_training.train.batches import forward_logits, make_micro_batches
 from rl_training.train.packing import ONE_ROW, pack_sequences
@@ -32,7 +33,7 @@ CPU = torch.device("cpu")
 def test_packer_boundaries_are_the_ones_transformers_would_compute(seqs, row_tokens, cu, longest):
     from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 
-    p = pack_sequences(seqs, group_size=1, pad_id=0, row_tokens=row_tokens)
+    p = pack_sequences(seqs, Groups.uniform(len(seqs), 1), pad_id=0, row_tokens=row_tokens)
     assert p.cu_seq_lens.tolist() == cu and p.cu_seq_lens.dtype == torch.int32
     assert p.max_length == longest and isinstance(p.max_length, int)  # a host int: no .item() on the device
     (theirs, _), (their_max, _) = prepare_fa_kwargs_from_position_ids(p.position_ids)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
+from rl_training.base.groups import Groups
 from rl_training.rollout.base import Rollouts
 from rl_training.train.batches import forward_logits, make_micro_batches
 from rl_training.train.packing import ONE_ROW, first_fit_rows, pack_sequences, padded_tokens, row_tokens_for
@@ -24,7 +25,7 @@ def test_first_fit_decreasing_rows():
 def test_pack_layout_values():
     # two groups of G=2: [1,2,3] [4,5] | [6] [7,8,9]; width = 3. FFD: 0 (len 3) row0; 3 (len 3) row1;
     # 1 (len 2) row2; 2 (len 1) row2 -> rows [1,2,3] [7,8,9] [4,5,6]
-    p = pack_sequences([[1, 2, 3], [4, 5], [6], [7, 8, 9]], group_size=2, pad_id=0)
+    p = pack_sequences([[1, 2, 3], [4, 5], [6], [7, 8, 9]], Groups.uniform(2, 2), pad_id=0)
     assert p.input_ids.tolist() == [[1, 2, 3], [7, 8, 9], [4, 5, 6]]
     assert p.position_ids.tolist() == [[0, 1, 2], [0, 1, 2], [0, 1, 0]]
     # padded prediction (b, t) -> flat row position r*(W-1) + o + t, W-1 = 2; none = 3*2 = 6
@@ -37,7 +38,7 @@ def test_pack_layout_values():
 
 def test_pad_block_keeps_its_own_positions():
     # one row of width 4 holding [1,2] then 2 pads: the pads restart at 0, a block of their own
-    p = pack_sequences([[1, 2], [3, 4, 5, 6]], group_size=2, pad_id=0)
+    p = pack_sequences([[1, 2], [3, 4, 5, 6]], Groups.uniform(1, 2), pad_id=0)
     assert p.input_ids.tolist() == [[3, 4, 5, 6], [1, 2, 0, 0]]
     assert p.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 0, 1]]
 
@@ -128,8 +129,9 @@ def test_flash_attention_packs_a_micro_batch_into_one_row():
     assert row_tokens_for("flash_attention_2", 0) == ONE_ROW and row_tokens_for("sdpa", 0) == 0
     lengths = [30, 7, 7, 7, 25, 3]
     seqs = [[5] * n for n in lengths]
-    assert pack_sequences(seqs, 2, 0, ONE_ROW).input_ids.shape == (1, sum(lengths))
-    assert pack_sequences(seqs, 2, 0, 0).input_ids.shape[0] == 3  # rows of 30: [30], [25, 3], [7, 7, 7]
+    pairs = Groups.of_rows(len(seqs), 2)
+    assert pack_sequences(seqs, pairs, 0, ONE_ROW).input_ids.shape == (1, sum(lengths))
+    assert pack_sequences(seqs, pairs, 0, 0).input_ids.shape[0] == 3  # rows of 30: [30], [25, 3], [7, 7, 7]
     fa = ["model.attn_implementation=flash_attention_2", "train.pack_sequences=true"]
     with pytest.raises(
         ConfigError, match="train.pack_row_tokens=4096 with model.attn_implementation=flash_attention_2"

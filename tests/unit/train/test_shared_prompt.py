@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rl_training.algs.common import token_logprobs
+from rl_training.base.groups import Groups
 from rl_training.rollout.base import Rollouts
 from rl_training.train.batches import forward_logits, make_micro_batches
 from rl_training.train.shared_prompt import groups_share_prompts, share_prompts, shared_tokens
@@ -20,7 +21,9 @@ def test_layout_values():
     # group 0: prompt [5,6,7] + [8,9], [10]; group 1: prompt [11,12] + [13], [14,15]; pad 0.
     # Rows: [5,6,7,8,9,10] and [11,12,13,14,15,0]: L = 6. The shortest prompt has 2 tokens: head_from = 1, so the
     # logits kept per row are columns 1..5 (5 of them) and row g's column c is flat index g*5 + c - 1.
-    s = share_prompts([[5, 6, 7]] * 2 + [[11, 12]] * 2, [[8, 9], [10], [13], [14, 15]], 2, 0, padded_width=5)
+    s = share_prompts(
+        [[5, 6, 7]] * 2 + [[11, 12]] * 2, [[8, 9], [10], [13], [14, 15]], Groups.uniform(2, 2), 0, padded_width=5
+    )
     assert s.input_ids.tolist() == [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 0]]
     # each completion restarts at its prompt's length; the pad block at 0
     assert s.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, 2, 2, 3, 0]]
@@ -52,17 +55,18 @@ def test_layout_values():
 
 
 def test_groups_share_prompts():
-    assert groups_share_prompts([[1, 2], [1, 2], [3], [3]], 2)
-    assert not groups_share_prompts([[1, 2], [1, 3], [3], [3]], 2)
+    assert groups_share_prompts([[1, 2], [1, 2], [3], [3]], Groups.uniform(2, 2))
+    assert not groups_share_prompts([[1, 2], [1, 3], [3], [3]], Groups.uniform(2, 2))
 
 
-def long_prompt_rollouts(n_groups: int, seed: int = 0, group_size: int = K) -> Rollouts:
-    """Prompts of 6-20 tokens, completions of 1-8 (the shape a chat template gives: the prompt dominates)."""
+def long_prompt_rollouts(n_groups: int, seed: int = 0, group_size: int = K, sizes=None) -> Rollouts:
+    """Prompts of 6-20 tokens, completions of 1-8 (the shape a chat template gives: the prompt dominates);
+    `sizes`: each group's completions instead of `group_size` each."""
     g = torch.Generator().manual_seed(seed)
     prompts, comps = [], []
-    for _ in range(n_groups):
+    for size in sizes or [group_size] * n_groups:
         p = torch.randint(2, 200, (int(torch.randint(6, 21, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(group_size):
+        for _ in range(size):
             prompts.append(p)
             comps.append(torch.randint(2, 200, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g).tolist())
     lps = [[-1.0] * len(c) for c in comps]
@@ -89,7 +93,7 @@ def test_shared_logprobs_equal_padded_on_every_completion_token(policy, eager_po
     (mb,) = make_micro_batches(ro, adv, K, 3, 0, CPU)
     (sh,) = make_micro_batches(ro, adv, K, 3, 0, CPU, share_prompt=True)
     assert sh.shared is not None and mb.shared is None
-    padded_n, shared_n = shared_tokens(ro.prompt_ids, ro.completion_ids, K)
+    padded_n, shared_n = shared_tokens(ro.prompt_ids, ro.completion_ids, Groups.of_rows(len(ro), K))
     assert (padded_n, shared_n) == (mb.input_ids.numel(), sh.shared.input_ids.numel())
     assert shared_n < padded_n / 2  # the prompt once instead of K = 4 times
     with torch.no_grad():
@@ -120,6 +124,31 @@ def test_shared_gradient_and_stats_equal_padded(policy, objective, kl_coef):
     for f in ("train/loss", "train/pg_loss", "train/kl", "train/entropy", "rollout/logp_diff_mean"):
         assert s_sh.totals[f] == pytest.approx(s_pad.totals[f], rel=1e-9, abs=1e-12), f
     assert s_sh.logged["train/clip_frac"] == 0.0  # epoch 0's ratio is exactly 1 on the shared rows too
+
+
+def test_groups_of_unequal_sizes_share_and_pack_to_the_padded_log_probs(policy):
+    """The group is a type (base/groups.py): groups of 1, 3, 2 and 5 completions behind shared prompts or packed
+    rows give the padded rows' log-probs on every completion token, and each micro-batch holds whole groups."""
+    sizes = (1, 3, 2, 5)
+    groups = Groups(sizes)
+    ro = long_prompt_rollouts(len(sizes), seed=5, sizes=sizes)
+    adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
+    mbs = make_micro_batches(ro, adv, groups, 2, 0, CPU)
+    assert [mb.rows for mb in mbs] == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10]]  # groups 0-1 (1 + 3), 2-3 (2 + 5)
+    for share, pack in ((True, None), (False, 0)):
+        for mb, other in zip(mbs, make_micro_batches(ro, adv, groups, 2, 0, CPU, pack_row_tokens=pack,
+                                                     share_prompt=share), strict=True):  # fmt: skip
+            assert (other.shared is not None) == share and (other.packed is not None) == (pack is not None)
+            with torch.no_grad():
+                padded = mb.unpack(token_logprobs(forward_logits(policy, mb), mb.row_targets))
+                got = other.unpack(token_logprobs(forward_logits(policy, other), other.row_targets))
+            m = mb.mask.bool()
+            assert m.sum() == sum(len(ro.completion_ids[r]) for r in mb.rows) and padded[m].std() > 0.1
+            torch.testing.assert_close(got[m], padded[m], rtol=0, atol=1e-10)
+    assert shared_tokens(ro.prompt_ids, ro.completion_ids, groups)[1] == len(sizes) * max(
+        len(ro.prompt_ids[s]) + sum(len(ro.completion_ids[r]) for r in groups.rows(g))
+        for g, s in enumerate(groups.starts)
+    )
 
 
 def test_groups_with_different_prompts_stay_padded(policy):
