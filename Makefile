@@ -135,7 +135,7 @@ tensorboard:
 
 # The generated config reference, docs/config.md (a test fails when it is stale).
 config-ref:
-	$(PY) -m rl_training.config.reference --write docs/config.md
+	$(PY) -m rl_training.runners.config_reference --write docs/config.md
 
 clean:
 	rm -rf runs bench_results .pytest_cache .ruff_cache

@@ -44,8 +44,7 @@ class SandboxCfg:
 class RolloutCfg:
     backend: str = _f(
         "auto",
-        "Generation backend: vllm (colocated engine), hf (transformers generate), server (vLLM OpenAI servers at "
-        "server.urls, docs/server.md), auto = vllm if installed; or your own, 'path/to/file.py:NAME' or "
+        "Generation backend: a built-in one, auto = vllm if installed, or your own, 'path/to/file.py:NAME' or "
         "'package.module:NAME' (docs/extending.md).",
     )
     backend_args: dict[str, Any] = _f({}, "Keyword arguments of a user backend's class or factory (a mapping).")

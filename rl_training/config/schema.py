@@ -96,9 +96,7 @@ class TaskCfg:
 
     name: str = _f(
         "reverse",
-        "A built-in task (gsm8k, math, reverse, search, search_subem, humaneval, mbpp, stdio, python_gsm8k, "
-        "python_math: docs/tools.md), reasoning-gym/<dataset> or reasoning-gym (a weighted mix), verifiers/<env-id> "
-        "or verifiers (task.args.env: docs/verifiers.md), or your own: "
+        "A built-in task, a family's member 'FAMILY/MEMBER' (docs/extending.md, docs/verifiers.md), or your own: "
         "'path/to/file.py:NAME' or 'package.module:NAME', NAME a Task/Environment subclass, instance or factory. "
         "(data.format, the old key, is read as task.name.)",
     )
@@ -169,8 +167,8 @@ class TrainCfg:
 class LossCfg:
     type: str = _f(
         "dr_grpo",
-        "Policy-gradient objective: dr_grpo, grpo, dapo, gspo, cispo, rloo, reinforce_pp (docs/objectives.md), or your "
-        "own Objective, 'path/to/file.py:NAME' or 'package.module:NAME' (docs/extending.md).",
+        "Policy-gradient objective: a built-in one (docs/objectives.md) or your own Objective, 'path/to/file.py:NAME' "
+        "or 'package.module:NAME' (docs/extending.md).",
     )
     args: dict[str, Any] = _f({}, "Keyword arguments of a user objective's factory (a mapping).")
     clip_low: float | None = _f(
@@ -197,8 +195,8 @@ class LossCfg:
     )
     correction: str = _f(
         "none",
-        "Off-policy correction of the sampler/trainer mismatch: none, tis (truncated IS), token_mask, seq_geo_mask "
-        "(rl_training/algs/corrections.py, docs/objectives.md), or your own Correction, 'path/to/file.py:NAME'.",
+        "Off-policy correction of the sampler/trainer mismatch: none, a built-in one (tis: truncated IS; "
+        "rl_training/algs/corrections.py, docs/objectives.md), or your own Correction, 'path/to/file.py:NAME'.",
     )
     correction_args: dict[str, Any] = _f(
         {}, "Keyword arguments of the correction: tis {cap}, token_mask / seq_geo_mask {low, high}, or your own's."

@@ -150,14 +150,19 @@ class BackendKind:
     prefix_cache: bool  # a group's prompt is prefilled once for its K completions
     check: Callable[[Config, str, bool], None]
     canary_advice: Callable[[Config], str]
+    what: str = ""  # what it is, in rollout.backend's generated help (docs/config.md)
 
 
 KINDS: dict[str, BackendKind] = {
     k.name: k
     for k in (
-        BackendKind("hf", False, _check_hf, _hf_advice),
-        BackendKind("vllm", True, _check_vllm, _vllm_advice),
-        BackendKind("server", True, _check_server, _server_advice),
+        BackendKind("hf", False, _check_hf, _hf_advice, "transformers' generate in the trainer's process"),
+        BackendKind(
+            "vllm", True, _check_vllm, _vllm_advice, "a colocated in-process vLLM engine, asleep while training"
+        ),
+        BackendKind(
+            "server", True, _check_server, _server_advice, "vLLM OpenAI servers at server.urls, docs/server.md"
+        ),
     )
 }
 

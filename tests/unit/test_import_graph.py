@@ -265,7 +265,6 @@ PROCESS_ENTRIES = {
     "rl_training.ckpt.upload": "the background upload helper the checkpoint store starts",
     "rl_training.cluster.launch": "srun's per-node launcher (scripts/slurm/rl_train.sbatch)",
     "rl_training.cluster.servers": "a SLURM job's per-node vLLM servers (scripts/slurm/vllm_server.sh)",
-    "rl_training.config.reference": "`make config-ref`: writes the generated docs/config.md",
     "rl_training.retrieval.server": "the retrieval service (cluster.launch starts one per node)",
     "rl_training.sandbox.worker": "the process inside each sandbox (run as source by the pool)",
 }

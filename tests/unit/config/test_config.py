@@ -295,14 +295,16 @@ def test_reference_documents_every_key():
 
 
 def test_config_reference_page_is_current(tmp_path):
+    from rl_training.runners.config_reference import table
+
     page = (CFG_DIR.parent / "docs" / "config.md").read_text()
-    assert page.endswith(reference() + "\n"), "regenerate it: make config-ref"
+    assert page.endswith(table() + "\n"), "regenerate it: make config-ref"
     # Regenerating keeps the hand-written text above the table and replaces a stale table.
     stale = tmp_path / "config.md"
     stale.write_text(
         "# Intro kept\n\n| key | type | default | meaning |\n|---|---|---|---|\n| `old.key` | int | `1` | x |\n"
     )
-    write_reference(stale)
+    write_reference(stale, reference())
     assert stale.read_text() == "# Intro kept\n\n" + reference() + "\n"
 
 
@@ -462,20 +464,30 @@ def test_the_data_defaults_to_the_task_s_own_splits_and_config_names_no_task_fam
     assert "data/reverse" not in config_code and "SPLITS" not in config_code  # the help strings name families
 
 
-def test_the_help_of_the_registered_names_names_each_one():
-    # The help strings cannot import the registries they describe (config sits below tasks and rollout), so they
-    # restate them; this holds them to the registries: a task, a family or a backend added there must be named here.
+def test_the_help_of_a_registered_name_is_generated_from_its_registry():
+    # The help strings cannot import the registries above config/ (tasks, rollout), so none restates one; the
+    # reference generator adds each registry's names to its key's help (runners/config_reference.py): a task, a
+    # family, an objective, a correction or a backend added there is named in docs/config.md with nothing else edited.
+    from rl_training.algs.corrections import CORRECTIONS
+    from rl_training.algs.objectives import OBJECTIVES
     from rl_training.config.generation import RolloutCfg
-    from rl_training.config.plugins import BACKEND_NAMES
-    from rl_training.config.schema import TaskCfg
+    from rl_training.config.schema import LossCfg, TaskCfg
+    from rl_training.rollout.kinds import KINDS
+    from rl_training.runners.config_reference import table
     from rl_training.tasks.build import BUILTIN, FAMILIES
 
     def help_of(cls, key):
         (f,) = [f for f in dataclasses.fields(cls) if f.name == key]
         return f.metadata["doc"]
 
-    task_help = help_of(TaskCfg, "name")
-    assert [n for n in BUILTIN if n not in task_help] == []
-    assert [f for f in FAMILIES if f"{f}/<" not in task_help] == []  # 'reasoning-gym/<dataset>', 'verifiers/<env-id>'
-    backend_help = help_of(RolloutCfg, "backend")
-    assert [b for b in BACKEND_NAMES if f"{b} (" not in backend_help] == []
+    rows = {line.split("`")[1]: line for line in table().splitlines()[2:]}
+    registries = {
+        ("task.name", TaskCfg, "name"): [*BUILTIN, *(f"{f}/<member>" for f in FAMILIES)],
+        ("loss.type", LossCfg, "type"): list(OBJECTIVES),
+        ("loss.correction", LossCfg, "correction"): list(CORRECTIONS),
+        ("rollout.backend", RolloutCfg, "backend"): list(KINDS),
+    }
+    for (key, cls, name), names in registries.items():
+        assert len(names) >= 3 and [n for n in names if n not in rows[key]] == [], key
+        assert [n for n in names if f" {n}," in help_of(cls, name) or f" {n} (" in help_of(cls, name)] == [], key
+    assert "(a colocated in-process vLLM engine, asleep while training)" in rows["rollout.backend"]  # KINDS' own words
