@@ -629,3 +629,22 @@ def real_model_path() -> Path:
     if not grm.complete(path):
         skip_unless_required(f"no converted real model at {path}: run `make real-model`", REAL_MODEL_REQUIRED)
     return path
+
+
+class Crash(Exception):
+    """What `crash_at` raises: a run that dies between steps, its checkpoints as they were."""
+
+
+def crash_at(monkeypatch, step: int) -> None:
+    """rl_runner's step `step` (0-based) raises Crash: steps before it are logged, later checkpoints not written;
+    monkeypatch.undo() (or a new setattr) restores the real step."""
+    from rl_training.runners import rl_runner
+
+    real_step = rl_runner.rl_step
+
+    def crashing(run, s):
+        if s == step:
+            raise Crash
+        return real_step(run, s)
+
+    monkeypatch.setattr(rl_runner, "rl_step", crashing)

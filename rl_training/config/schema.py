@@ -259,6 +259,13 @@ class ProbeCfg:
         "docs/probes.md 8) after every this many steps, on rank 0 (needs probe.enabled); 0 = off.",
         ge=0,
     )
+    forecast_from: int = _f(
+        50,
+        "From this step on, each in-loop eval (eval.every) also forecasts the run's final held-out reward: a "
+        "saturating curve of eval/reward_mean against completions generated, at the planned total, with an 80% "
+        "bootstrap band (probe/forecast/*, docs/probes.md 11); 0 = off.",
+        ge=0,
+    )
 
 
 @dataclass

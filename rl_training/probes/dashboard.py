@@ -112,6 +112,14 @@ LAYOUT = {
             ["probe/advisor/critical_rollouts", "probe/advisor/b_star"],
         ],
     },
+    # probe.forecast_from: with each in-loop eval from that step on (docs/probes.md 11)
+    "10 Forecast: the final held-out reward": {
+        "forecast final reward with its 80% band": [
+            "Margin",
+            ["probe/forecast/final_reward", "probe/forecast/final_reward_lo", "probe/forecast/final_reward_hi"],
+        ],
+        "held-out reward now; the fitted asymptote": ["Multiline", ["eval/reward_mean", "probe/forecast/asymptote"]],
+    },
 }
 
 

@@ -210,6 +210,14 @@ def state_lines(run: RunView, last: int) -> list[str]:
         out.append("   " + advice_line(advice[-1]))
         if advice[-1].get(split):
             alerts.append(f"rollout_split (step {advice[-1]['step']})")
+    forecast = [r for r in run.rows if "probe/forecast/final_reward" in r]  # with an in-loop eval
+    if forecast:
+        f = forecast[-1]
+        out.append(
+            f"   forecast (step {f['step']}): final held-out reward {_fmt(f['probe/forecast/final_reward'])} "
+            f"[{_fmt(f.get('probe/forecast/final_reward_lo'))}-{_fmt(f.get('probe/forecast/final_reward_hi'))}], "
+            f"asymptote {_fmt(f.get('probe/forecast/asymptote'))}"
+        )
     if alerts:
         out.append("   probe alerts on: " + ", ".join(alerts))
     if run.torn_lines:

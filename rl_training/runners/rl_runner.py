@@ -47,6 +47,7 @@ from rl_training.policy.models import assert_only_adapter_trainable, build_polic
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
+from rl_training.probes.forecast import RunForecast
 from rl_training.probes.lora_health import lora_health_due
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
@@ -98,6 +99,7 @@ class Run:
     weights: WeightGuard  # were the rollouts sampled from the trained weights? (rl_training/train/weight_guard.py)
     drift: DriftGuard  # does held-out accuracy fall while responses run into the budget? (train/drift_guard.py)
     best: BestCheckpoint  # ckpt.keep_best: the step whose checkpoint pruning keeps (rl_training/ckpt/best.py)
+    forecast: RunForecast  # the final held-out reward, forecast from the evals so far (probes/forecast.py)
     samples: StepSamples  # whole rollouts kept every samples_every steps (rl_training/metrics/samples.py)
     alerts: dict = field(default_factory=dict)
     advised_k_star: float | None = None  # the K* report_advice last printed
@@ -226,6 +228,12 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=kind.canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
+        forecast=RunForecast(
+            cfg.probe.forecast_from if cfg.eval.every else 0,
+            cfg.train.total_steps,
+            cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+            resumed_state.get("forecast"),
+        ),
         samples=StepSamples(cfg.run, cfg.train.seed, tokenizer, derived.run_dir, info.is_main, start_step),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
@@ -355,6 +363,7 @@ def checkpoint(run: Run, step: int) -> None:
             "skips": run.skips.state_dict(),
             "weight_guard": run.weights.state_dict(),
             "drift": run.drift.state_dict(),
+            "forecast": run.forecast.state_dict(),
             "best": run.best.state_dict(),
         },
         run.cfg.ckpt.keep_last,
@@ -413,7 +422,7 @@ def train(run: Run, stop: StopOnSignal) -> int:
             )
             return STOPPED_EXIT_CODE
         metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
-        metrics |= run.drift.observe(step + 1, metrics)
+        metrics |= run.drift.observe(step + 1, metrics) | run.forecast.observe(step + 1, metrics)
         run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")

@@ -13,7 +13,7 @@ import yaml
 
 from rl_training.ckpt.store import COMPLETE, list_checkpoints
 from rl_training.runners import rl_runner
-from tests.helpers import RL_RUNNER, TESTCFG, torchrun_cmd
+from tests.helpers import RL_RUNNER, TESTCFG, Crash, crash_at, torchrun_cmd
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -106,10 +106,6 @@ def test_torchrun_three_steps_then_resume(run_overrides, tmp_path):
     assert r.returncode == 0 and "nothing to do" in r.stdout
 
 
-class Crash(Exception):
-    pass
-
-
 def test_interrupted_then_resumed_run_reproduces_metrics(run_overrides, tmp_path, monkeypatch):
     # Under a warm-up and a cosine decay the learning rate differs at every step: a resume that restarted the
     # schedule (scheduler state not restored) would train step 3 at the warm-up's lr and fail every later row.
@@ -119,13 +115,7 @@ def test_interrupted_then_resumed_run_reproduces_metrics(run_overrides, tmp_path
     straight = read_metrics(tmp_path / "runs" / "straight")
 
     real_step = rl_runner.rl_step
-
-    def crash_at_step_4(run, step):
-        if step == 3:  # 0-based: steps 1-3 are logged, checkpoint 2 exists, step 3's is not written
-            raise Crash
-        return real_step(run, step)
-
-    monkeypatch.setattr(rl_runner, "rl_step", crash_at_step_4)
+    crash_at(monkeypatch, 3)  # 0-based: steps 1-3 are logged, checkpoint 2 exists, step 3's is not written
     with pytest.raises(Crash):
         rl_runner.main(["--cfg", TESTCFG, *base, "run.name=crashed"])
     monkeypatch.setattr(rl_runner, "rl_step", real_step)
