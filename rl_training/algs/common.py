@@ -18,24 +18,41 @@ Departures from the paper: decoupled clip bounds (eps_low / eps_high) are an opt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+Sizes = int | Sequence[int]  # every group's size, or each group's (base/groups.py Groups.sizes), group by group
 
-def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """rewards [N] ordered group by group (N = groups * group_size) -> advantages [N], r - group mean, float64.
+
+def per_group(x: torch.Tensor, group_size: Sizes, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """fn applied to each group's values as the rows of a [groups, size] matrix, group by group -> [N]: one view
+    when every group has one size, else each group alone (rollout.allocation: per_prompt's unequal groups)."""
+    sizes = [group_size] if isinstance(group_size, int) else list(group_size)
+    if len(set(sizes)) <= 1:
+        size = sizes[0] if sizes else 1
+        if x.numel() % size:
+            raise ValueError(f"{x.numel()} values do not split into groups of {size}")
+        return fn(x.view(-1, size)).reshape(-1)
+    if x.numel() != sum(sizes):
+        raise ValueError(f"{x.numel()} values for groups of {sum(sizes)}")
+    return torch.cat([fn(g.view(1, -1)).reshape(-1) for g in x.split(sizes)])
+
+
+def group_advantages(rewards: torch.Tensor, group_size: Sizes) -> torch.Tensor:
+    """rewards [N] ordered group by group -> advantages [N], r - group mean, float64 (`group_size`: every group's
+    size, or each group's).
 
     A group whose rewards are all equal gets exactly 0: its float mean need not equal them (eight float32
     copies of 5/7 average to 5/7 - 6e-8 in float32), and std-scaling objectives would blow that residue up
     to ~0.06 per sequence. Every objective's scale keeps those zeros exact, so `zero_adv_groups` finds exactly
     the groups whose max == min."""
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    r = rewards.double().view(-1, group_size)
-    centered = r - r.mean(dim=1, keepdim=True)
-    constant = r.amax(dim=1) == r.amin(dim=1)
-    return centered.masked_fill(constant.unsqueeze(1), 0.0).view(-1)
+
+    def center(r: torch.Tensor) -> torch.Tensor:
+        centered = r - r.mean(dim=1, keepdim=True)
+        return centered.masked_fill((r.amax(dim=1) == r.amin(dim=1)).unsqueeze(1), 0.0)
+
+    return per_group(rewards.double(), group_size, center)
 
 
 def zero_adv_groups(advantages: torch.Tensor, group_size: int | Sequence[int]) -> torch.Tensor:

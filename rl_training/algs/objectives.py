@@ -60,24 +60,33 @@ from typing import NamedTuple
 
 import torch
 
-from rl_training.algs.common import group_advantages, k3_kl
+from rl_training.algs.common import Sizes, group_advantages, k3_kl, per_group
 
 ADV_EPS = 1e-6
 
 
 # ------------------------------------------------------------------------------------------- advantages
-def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_j r_j). rewards [N] group by group -> [N]."""
-    return group_advantages(rewards, group_size) * (group_size / (group_size - 1))
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: Sizes) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_j r_j), G each group's size. rewards [N] group by group
+    -> [N]."""
+
+    def rescale(c: torch.Tensor) -> torch.Tensor:  # a group of one has no other to compare with: it stays 0
+        return c * (c.shape[1] / max(c.shape[1] - 1, 1))
+
+    return per_group(group_advantages(rewards, group_size), group_size, rescale)
 
 
-def group_std_scale(centered: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Divide each group's centered rewards by that group's (unbiased) reward std + eps (GRPO)."""
-    c = centered.view(-1, group_size)
-    return (c / (c.std(dim=1, keepdim=True) + ADV_EPS)).view(-1)
+def group_std_scale(centered: torch.Tensor, group_size: Sizes) -> torch.Tensor:
+    """Divide each group's centered rewards by that group's (unbiased) reward std + eps (GRPO); a group of one,
+    whose unbiased std is undefined, keeps its advantage 0."""
+
+    def scale(c: torch.Tensor) -> torch.Tensor:
+        return c / ((c.std(dim=1, keepdim=True) if c.shape[1] > 1 else torch.zeros_like(c[:, :1])) + ADV_EPS)
+
+    return per_group(centered, group_size, scale)
 
 
-def no_scale(centered: torch.Tensor, group_size: int) -> torch.Tensor:
+def no_scale(centered: torch.Tensor, group_size: Sizes) -> torch.Tensor:
     return centered
 
 

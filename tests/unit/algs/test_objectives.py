@@ -221,6 +221,29 @@ def test_advantage_hand_values():
     )
 
 
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_unequal_groups_get_each_group_s_own_advantages(name):
+    # Groups of 1 (tied by itself), 3, 2, 4 and 2 completions (rollout.allocation: per_prompt): every objective's
+    # baseline and scale, given each group's size, equal that group computed alone as a batch of one group, so a
+    # group's size and its neighbours change nothing of its advantages. (REINFORCE++'s batch std is over the whole
+    # step: it is compared on the centered rewards, before its global scale.)
+    sizes = [1, 3, 2, 4, 2]
+    r = torch.tensor([0.7, 1.0, 0.0, 0.0, 0.5, 0.5, 0.2, 1.0, 0.0, 0.6, 0.3, 0.9], dtype=D)
+    obj = OBJECTIVES[name]
+    got = obj.baseline(r, sizes) if obj.scale is None else obj.scale(obj.baseline(r, sizes), sizes)
+    alone = []
+    for g in r.split(sizes):
+        c = obj.baseline(g, len(g))
+        alone.append(c if obj.scale is None else obj.scale(c, len(g)))
+    torch.testing.assert_close(got, torch.cat(alone), rtol=0, atol=1e-15)
+    assert got[0] == 0 and (got[4:6] == 0).all()  # a group of one and a tied group (rows 4-5) teach nothing
+    assert zero_adv_groups(got, sizes).tolist() == [True, False, True, False, False]
+    # equal sizes given as a list are the int form
+    torch.testing.assert_close(obj.baseline(r, [3] * 4), obj.baseline(r, 3), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="12 values for groups of 11"):
+        obj.baseline(r, [1, 3, 2, 4, 1])
+
+
 def test_grpo_advantages_invariant_to_reward_scale_and_shift():
     r = torch.rand(16, generator=torch.Generator().manual_seed(0), dtype=D)
     a = step_advantages(OBJECTIVES["grpo"], r, 4, torch.device("cpu"))
