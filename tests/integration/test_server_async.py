@@ -15,7 +15,7 @@ import pytest
 
 from rl_training.base.exit_codes import STOPPED_EXIT_CODE
 from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG
+from tests.helpers import TESTCFG, scripted_reward
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +57,40 @@ def test_resume_with_k2_equals_the_uninterrupted_run(async_overrides, tmp_path, 
     print("K=2 logp_diff_mean per step:", gaps, "is/ratio_mean:", [m["is/ratio_mean"] for m in straight])
     assert gaps[0] < 1e-3 and abs(straight[0]["is/ratio_mean"] - 1) < 1e-3
     assert min(gaps[1:]) > 10 * gaps[0]
+
+
+def test_dynamic_sampling_under_async_refills_counts_and_resumes(async_overrides, tmp_path, monkeypatch):
+    # Issue 52 item 1 on the async queue and the server backend: rollout.dynamic_sampling with K=1. The reward is
+    # scripted (tests/helpers.py TiedOrMixed: about half the prompts tie on every completion), so the refills do
+    # not depend on what the model writes. The producer thread's batches come from version t-1; a refill is drawn
+    # by the main thread from the newest weights. A stop at step 2 and a resume log what the straight run logged.
+    base = [
+        "--cfg", TESTCFG, *async_overrides, scripted_reward(tmp_path, "TiedOrMixed"), "rollout.max_async_level=1",
+        "rollout.dynamic_sampling=true", "train.total_steps=4", "ckpt.every=0", "eval.every=0",
+    ]  # fmt: skip
+    assert rl_runner.main([*base, "run.name=straight"]) == 0
+    straight = read(tmp_path, "straight")
+    B, K = 4, 4  # cfg/testconfig.yaml
+    for r in straight:
+        assert r["rollout/completions_trained"] == B * K
+        assert r["rollout/completions_generated"] == (B + r["rollout/refill_prompts"]) * K
+        assert r["rollout/informative_group_frac_trained"] >= r["rollout/informative_group_frac"]
+    assert sum(r["rollout/refill_rounds"] for r in straight) > 0
+    real_step = rl_runner.rl_step
+
+    def signal_at_step_2(run, step):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_step(run, step)
+
+    monkeypatch.setattr(rl_runner, "rl_step", signal_at_step_2)
+    assert rl_runner.main([*base, "run.name=stopped"]) == STOPPED_EXIT_CODE
+    monkeypatch.setattr(rl_runner, "rl_step", real_step)
+    assert rl_runner.main([*base, "run.name=stopped", "ckpt.resume=latest"]) == 0
+    resumed = read(tmp_path, "stopped")
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    keys = ("rollout/refill_prompts", "rollout/completions_generated", "rollout/informative_group_frac_trained",
+            "rollout/reward_mean", "train/loss", "train/grad_norm")  # fmt: skip
+    for a, b in zip(straight, resumed, strict=True):
+        for k in keys:
+            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-8), (a["step"], k)
