@@ -23,22 +23,26 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 "--cfg",
                 str(REPO / "cfg" / "testconfig.yaml"),
                 *run_overrides,
-                "train.total_steps=3",
+                "train.total_steps=4",
                 "train.micro_batch_groups=2",
                 "ckpt.every=0",
+                "eval.every=1",  # with probe.forecast_from=4: the forecast charts (4 evals, the fit's minimum)
+                "eval.num_prompts=8",
+                "probe.forecast_from=4",
                 "probe.gns_levels=[unit,micro]",
                 "probe.step_time_fixed_s=1.0",
                 "probe.step_time_per_group_s=0.1",
                 "loss.correction=token_mask",  # its counts fill the correction chart
-                "probe.lora_health_every=2",  # the LoRA health charts: step 2 of 3
+                "probe.lora_health_every=2",  # the LoRA health charts: steps 2 and 4
                 "probe.advisor=true",  # the rollout-budget charts: step 1 (unit_every 4: steps 0, 4, ... measure)
             ]
         )
         == 0
     )
-    # LoRA health on the steps after 2, 4, ... updates only (here step 2), with every key of docs/probes.md 8
+    # LoRA health on the steps after 2, 4, ... updates only (here steps 2 and 4), with every key of docs/probes.md 8
     rows = read_metrics(tmp_path / "runs" / "testconfig")
-    assert [m["step"] for m in rows if "lora/stable_rank/median" in m] == [2]
+    assert [m["step"] for m in rows if "lora/stable_rank/median" in m] == [2, 4]
+    assert [m["step"] for m in rows if "probe/forecast/final_reward" in m] == [4]
     lora = {k: v for k, v in rows[1].items() if k.startswith("lora/")}
     # testconfig adapts every linear of the 4-layer model: q/k/v/o/gate/up/down x bands early (layers 0, 1),
     # middle (2), late (3) = 21 cells x 3 quantities + 6 overall keys
@@ -69,11 +73,11 @@ def test_layout_written_and_its_charts_have_data(run_overrides, tmp_path):
                 s0 = chart.margin.series[0]
                 assert [s0.value, s0.lower, s0.upper] == intended
             assert len(intended) <= 3, chart.title
-    assert len(acc.Scalars("probe/gns/trace_sigma_est@micro")) == 3
-    assert [e.step for e in acc.Scalars("lora/stable_rank/median")] == [2]
+    assert len(acc.Scalars("probe/gns/trace_sigma_est@micro")) == 4
+    assert [e.step for e in acc.Scalars("lora/stable_rank/median")] == [2, 4]
     # B* = sqrt(B_simple t_f / t_u) = sqrt(10 B_simple) wherever B_simple is defined
     for bs, star in zip(acc.Scalars("probe/gns/b_simple"), acc.Scalars("probe/gns/b_star"), strict=True):
-        if math.isfinite(bs.value):  # (it is on all 3 steps of this run: ~25-200 groups)
+        if math.isfinite(bs.value):  # (it is on all 4 steps of this run: ~25-200 groups)
             assert star.value == pytest.approx(math.sqrt(10 * bs.value), rel=1e-5)
         else:
             assert math.isnan(star.value)
