@@ -273,6 +273,42 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# four steps, checkpoints at 2 and 4 (both kept), no evals: a straight run whose last two steps a resume redoes
+FOUR_STEPS = ["train.total_steps=4", "ckpt.every=2", "ckpt.keep_last=5", "eval.every=0"]
+
+
+def straight_run(runs: Path, argv: list[str]) -> list[dict]:
+    """rl_runner (in-process) with `argv` as run `runs`/straight; its metrics, one row per step."""
+    from rl_training.runners import rl_runner
+
+    assert rl_runner.main([*argv, "run.name=straight"]) == 0
+    rows = read_metrics(runs / "straight")
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and rows
+    return rows
+
+
+def resume_last_steps_match(runs: Path, argv: list[str], rows: list[dict], from_step: int) -> None:
+    """Copy the run `runs`/straight (its metrics `rows`) to `runs`/resumed without its last checkpoint, resume it
+    with `argv` (the straight run's arguments, in-process rl_runner), and check that every step after `from_step`
+    logs the same metrics (perf/ and mem/ aside)."""
+    import shutil
+
+    import pytest
+
+    from rl_training.runners import rl_runner
+
+    last = rows[-1]["step"]
+    shutil.copytree(runs / "straight", runs / "resumed", symlinks=True)
+    shutil.rmtree(runs / "resumed" / "checkpoints" / f"step_{last:06d}")
+    assert rl_runner.main([*argv, "run.name=resumed", "ckpt.resume=latest"]) == 0
+    again = read_metrics(runs / "resumed")
+    assert [r["step"] for r in again] == [r["step"] for r in rows]
+    for a, b in zip(rows[from_step:], again[from_step:], strict=True):
+        for k, v in a.items():
+            if not k.startswith(("perf/", "mem/")):
+                assert b[k] == pytest.approx(v, rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], k)
+
+
 def read_steps(run_dir: Path) -> list[int]:
     return [m["step"] for m in read_metrics(run_dir)]
 

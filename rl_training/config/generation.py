@@ -76,6 +76,21 @@ class RolloutCfg:
         "short after the last, the step keeps some tied groups (zero gradient).",
         ge=1,
     )
+    allocation: Literal["fixed", "per_prompt"] = _f(
+        "fixed",
+        "fixed: group_size completions for every prompt. per_prompt: the same budget (prompts_per_step x "
+        "group_size) spread over the step's prompts by their estimated pass rates, a cheap first round for a prompt "
+        "never seen, its reward history for one seen (rl_training/probes/allocation.py; docs/probes.md 10.7).",
+    )
+    allocation_first: int = _f(2, "per_prompt: completions of a never-seen prompt's first round.", ge=1)
+    allocation_k_max: int = _f(0, "per_prompt: the most completions one prompt gets; 0 = 2 x group_size.", ge=0)
+    allocation_ratio: float = _f(
+        0.0,
+        "per_prompt: r = tr S_w / tr S_b, the within- over between-prompt gradient noise (probe/anova/"
+        "within_between_ratio measures it); past about r completions a prompt's next one teaches less than another "
+        "prompt's. 0 = group_size.",
+        ge=0,
+    )
     gen_batch_size: int = _f(256, "Sequences per HF generate call (memory bound).", ge=1)
     max_async_level: int = _f(
         0,

@@ -98,6 +98,8 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
             f"{where}train.share_prompt=true with train.pack_sequences=true: a micro-batch runs as one layout; "
             "choose one (share_prompt runs each group as one row, which already pads little)"
         )
+    if training and cfg.rollout.allocation == "per_prompt":
+        check_per_prompt(cfg, where)
     if training and cfg.rollout.dynamic_sampling and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}rollout.dynamic_sampling=true with loss.kl_coef={cfg.loss.kl_coef}: a group whose rewards tie "
@@ -195,3 +197,20 @@ def check_trainable_dtype(cfg: Config) -> None:
             "model.dtype=float16 cannot train: there is no fp16 gradient scaler (small gradients underflow "
             "to 0); use bfloat16 or float32"
         )
+
+
+def check_per_prompt(cfg: Config, where: str = "") -> None:
+    """rollout.allocation: per_prompt plans each step from its own first round (probes/allocation.py)."""
+    r, head = cfg.rollout, f"{where}rollout.allocation=per_prompt"
+    k_max = r.allocation_k_max or 2 * r.group_size
+    clash = [
+        (r.max_async_level > 0, "rollout.max_async_level > 0: the plan reads the step's first round, which a "
+         "producer thread would sample ahead"),
+        (r.dynamic_sampling, "rollout.dynamic_sampling: both choose which groups a step trains on; pick one"),
+        (cfg.probe.advisor, "probe.advisor: the advisor's ANOVA reads groups of one size (issue 52)"),
+        (r.allocation_first > k_max, f"rollout.allocation_first={r.allocation_first} over the k_max of {k_max}"),
+        (k_max < 2, "rollout.allocation_k_max=1: a group needs 2 completions to teach anything"),
+    ]  # fmt: skip
+    for bad, why in clash:
+        if bad:
+            raise ConfigError(f"{head} with {why}")

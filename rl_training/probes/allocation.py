@@ -27,9 +27,11 @@ The optimum is exact, not greedy: v_i need not be concave (the waste term is not
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from rl_training.probes.advisor import group_waste
 
 
 def reward_variance(rewards: Sequence[float]) -> float:
@@ -54,13 +56,17 @@ def allocate(
     k_min: int = 2,
     k_max: int = 0,
     signals: Sequence[float] | None = None,
+    given: Sequence[int] | None = None,
 ) -> list[int]:
     """Completions for each prompt: `wastes[i][k - 1]` = w_i(k) for k = 1..len (each prompt's curve at least k_max
     long; advisor.group_waste) and `signals[i]` = s_i (reward_variance; None: all 1), at most `budget` in all,
-    each 0 or in [k_min, k_max] (k_max 0: the curves' length). Maximises sum_i v_i(k_i) exactly; among equal
-    values, the fewer completions (and the earlier prompts' allocations smaller first)."""
+    each 0 or in [k_min, k_max] (k_max 0: the curves' length). `given[i]` > 0: prompt i already has that many
+    (a first round's), counted in the budget; it gets given[i] or any k in [max(k_min, given[i]), k_max].
+    Maximises sum_i v_i(k_i) exactly; among equal values, the fewer completions (and the earlier prompts'
+    allocations smaller first)."""
     n = len(wastes)
     signals = [1.0] * n if signals is None else list(signals)
+    given = [0] * n if given is None else list(given)
     if len(signals) != n or not all(s >= 0 for s in signals):
         raise ValueError(f"allocate: {n} prompts need as many non-negative signals, got {signals}")
     k_max = k_max or min((len(w) for w in wastes), default=0)
@@ -68,11 +74,16 @@ def allocate(
         raise ValueError(f"allocate: k_min={k_min}, k_max={k_max}, budget={budget}, ratio={ratio}")
     if any(len(w) < k_max for w in wastes):
         raise ValueError(f"allocate: every waste curve needs k_max={k_max} points")
+    if len(given) != n or any(not 0 <= g <= k_max for g in given) or sum(given) > budget:
+        raise ValueError(f"allocate: given={given} must be 0..k_max={k_max} each and at most budget={budget}")
     best = np.zeros(budget + 1)  # best[j]: the most value with at most j completions over the prompts so far
     choice = np.zeros((n, budget + 1), dtype=np.int64)
     for i, w in enumerate(wastes):
-        new = best.copy()
-        for k in range(k_min, min(k_max, budget) + 1):
+        g = given[i]
+        new = np.full(budget + 1, -np.inf)  # the prompt keeps what it was given (0: sits the step out)
+        new[g:] = best[: budget + 1 - g] + group_value(g, w[g - 1] if g else 0.0, ratio, signals[i])
+        choice[i] = g
+        for k in range(max(k_min, g + 1), min(k_max, budget) + 1):
             cand = np.full(budget + 1, -np.inf)
             cand[k:] = best[: budget + 1 - k] + group_value(k, w[k - 1], ratio, signals[i])
             better = cand > new + 1e-12  # strictly better: ties keep the smaller k
@@ -92,3 +103,70 @@ def allocation_value(
     """sum_i v_i(k_i): what `allocate` maximises."""
     signals = [1.0] * len(ks) if signals is None else signals
     return sum(group_value(k, w[k - 1] if k else 0.0, ratio, s) for k, w, s in zip(ks, wastes, signals, strict=True))
+
+
+# ------------------------------------------------------------------------------ in the step: rollout.allocation
+# Completions per prompt, chosen per prompt (rollout.allocation: per_prompt; issue 52, item 2; docs/probes.md 10.7).
+#
+# A step's P prompts on a rank share the fixed split's budget of N = P G completions (rollout.group_size G):
+# 1. The first round (rl_batch.generate_step): a prompt with no reward history gets rollout.allocation_first
+#    completions, its cheap estimate; a prompt seen before gets none.
+# 2. The plan (`PromptAllocator.plan`): `allocate`'s exact knapsack over the budget, with each prompt's waste
+#    curve and signal from its history and its first round. A first-round prompt keeps what it got; a seen prompt may
+#    get 0 and sit the step out.
+# 3. The rest (rl_batch.allocate_step): one generate call of the completions each prompt still needs; each prompt's
+#    two rounds join into one group.
+#
+# What the step then estimates. Dr-GRPO's normaliser stays the constant c = N L_max, and a group of k completions
+# with the group-mean baseline has expected gradient sum_j E[(r_j - mean r) grad log pi_j] = (k - 1) grad J_i (the
+# baseline's own completion takes 1/k of each term). So the step's expected gradient is (1/c) sum_i (k_i - 1) grad J_i:
+# the fixed split weighs every prompt by G - 1, per_prompt weighs prompt i by k_i - 1, more where its rewards are
+# likelier to differ. tests/unit/rollout/test_allocate.py checks the identity exactly on a Bernoulli policy.
+#
+# The history: the last HISTORY rewards of every prompt seen, gathered over ranks every step, so every rank holds the
+# same and a resume restores it (the checkpoint's "allocation" state), with the within/between-prompt ratio r the
+# plan uses (rollout.allocation_ratio, or group_size until set).
+
+HISTORY = 16  # rewards kept per prompt: recent enough to follow the policy, enough for Laplace's rule
+
+
+class PromptAllocator:
+    """Per-prompt reward history and the plan it makes (the comment above)."""
+
+    @classmethod
+    def from_config(cls, rollout, state: dict | None) -> PromptAllocator | None:
+        """rollout.allocation: per_prompt's allocator (`state`: a checkpoint's), or None for the fixed split."""
+        if rollout.allocation != "per_prompt":
+            return None
+        r = rollout
+        return cls(r.group_size, r.allocation_first, r.allocation_k_max, r.allocation_ratio, state)
+
+    def __init__(self, group_size: int, first: int, k_max: int, ratio: float, state: dict | None = None):
+        self.G, self.first, self.k_max = group_size, first, k_max or 2 * group_size
+        self.ratio = ratio or float(group_size)
+        if not 1 <= self.first <= self.k_max or self.k_max < 2:
+            raise ValueError(f"allocation: first round {self.first} must be in 1..k_max={self.k_max}")
+        state = state or {}
+        self.history: dict[int, list[float]] = {int(k): list(v) for k, v in state.get("history", {}).items()}
+
+    def first_round(self, indices: Sequence[int]) -> list[int]:
+        """Completions each prompt gets before the plan: `first` for a prompt never seen, 0 for one seen."""
+        return [0 if i in self.history else self.first for i in indices]
+
+    def plan(self, indices: Sequence[int], first_rewards: Sequence[Sequence[float]]) -> list[int]:
+        """Each prompt's completions in all (its first round's included), spending the P G budget."""
+        seen = [self.history.get(i, []) + list(r) for i, r in zip(indices, first_rewards, strict=True)]
+        wastes = [group_waste(r, self.k_max) for r in seen]
+        signals = [reward_variance(r) for r in seen]
+        given = [len(r) for r in first_rewards]
+        return allocate(wastes, len(indices) * self.G, self.ratio, 2, self.k_max, signals, given=given)
+
+    def record(self, pairs: Iterable[tuple[int, Sequence[float]]]) -> None:
+        """Add each (prompt, rewards) of a step, all ranks' in rank order (the same on every rank)."""
+        for i, rewards in pairs:
+            h = self.history.setdefault(int(i), [])
+            h.extend(float(r) for r in rewards)
+            del h[:-HISTORY]
+
+    def state_dict(self) -> dict:
+        return {"history": {str(k): v for k, v in self.history.items()}}

@@ -15,6 +15,7 @@ device, so a step's values reach the host in one transfer (the caller's), not on
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -101,9 +102,14 @@ def sequence_log_weights(log_rho: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     return torch.where(mask.bool(), log_rho.double(), 0.0).sum(-1)
 
 
-def group_ness(log_w: torch.Tensor, group_size: int) -> torch.Tensor:
-    """ness of the sequence weights within each prompt group. [N] (group by group) -> [N/G], float64. A group
-    with a NaN or +inf log weight reads 0 (critical); one with every weight 0 (all -inf) reads 0 too."""
+def group_ness(log_w: torch.Tensor, group_size: int | Sequence[int]) -> torch.Tensor:
+    """ness of the sequence weights within each prompt group. [N] (group by group) -> [groups], float64; the size of
+    every group, or each group's. A group with a NaN or +inf log weight reads 0 (critical); one with every weight 0
+    (all -inf) reads 0 too."""
+    sizes = [group_size] if isinstance(group_size, int) else list(group_size)
+    if len(set(sizes)) > 1:
+        return torch.cat([group_ness(g, g.numel()) for g in log_w.split(sizes)])
+    group_size = sizes[0] if sizes else 1
     lw = log_w.double().view(-1, group_size)
     bad = (torch.isnan(lw) | (lw == math.inf)).any(1)
     ok = torch.isfinite(lw)

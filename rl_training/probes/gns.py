@@ -328,7 +328,7 @@ class GNSTracker:
 
 
 def level_report(
-    st: GNSState, raw: RawEstimate | None, units: float, group_size: int, group_tokens: float, big_sq_norm: float
+    st: GNSState, raw: RawEstimate | None, units: float, group_size: float, group_tokens: float, big_sq_norm: float
 ) -> dict[str, float]:
     """The probe/gns/* metrics of the primary level's state `st` and its last raw estimate, for a step of `units`
     units of `group_size` sequences, `group_tokens` tokens per group on average, whose full-batch gradient's

@@ -159,7 +159,9 @@ class StepProbes:
         if isinstance(groups, int):  # the size of every group (0: none yet)
             groups = Groups.of_rows(len(completion_lengths), groups) if groups else Groups(())
         self.groups = groups
-        self.G = groups.size if len(groups) else 0
+        # the common group size (0: none, or per_prompt allocation's unequal groups: probes/allocation.py)
+        self.G = groups.sizes[0] if len(set(groups.sizes)) == 1 else 0
+        self.kept_sizes: list[int] = []  # the sizes of the groups seq_log_w holds, in its order
         self.n_local = len(self.groups)
         self.lengths = completion_lengths
         zero = _vector([0.0], self.device)[0]
@@ -188,7 +190,7 @@ class StepProbes:
         self.unit_on = "unit" in self.levels and step % self.unit_every == 0
         with self.guard("begin_step"):
             self._reset(groups, completion_lengths)
-            zero = zero_adv_groups(advantages.detach().to(self.device), self.G)
+            zero = zero_adv_groups(advantages.detach().to(self.device), self.groups.sizes)
             self.sums["groups.n"] = float(self.n_local)
             self.sums["groups.zero"] = zero.double().sum()
             self.sums["len.sum"] = float(sum(completion_lengths))
@@ -336,6 +338,8 @@ class StepProbes:
         self.sums["lr.sum"] = self.sums["lr.sum"] + lr.sum()
         self.sums["lr.sq"] = self.sums["lr.sq"] + (lr * lr).sum()
         self.seq_log_w.append(ess_math.sequence_log_weights(log_rho, mb.mask))
+        if not self.G:  # unequal groups: the sizes of the groups just appended
+            self.kept_sizes += [self.groups.sizes[g] for g in mb.group_ids]
         log_abs_adv = ess_math.weight_log(mb.advantages.abs())
         self.kish["adv_seq"] += ess_math.log_kish(log_abs_adv)
         self.kish["adv_tok"] += ess_math.log_kish(log_abs_adv, counts=mb.mask.sum(-1))
@@ -402,7 +406,11 @@ class StepProbes:
         """Within-group ness of this rank's kept groups, padded with NaN to the fixed per-rank group count
         (ranks keep different numbers of groups after zero-advantage dropping)."""
         seq_lw = torch.cat(self.seq_log_w).to(self.device) if self.seq_log_w else None
-        g = ess_math.group_ness(seq_lw, self.G) if seq_lw is not None else torch.zeros(0, dtype=torch.float64)
+        g = (
+            ess_math.group_ness(seq_lw, self.G or self.kept_sizes)
+            if seq_lw is not None
+            else torch.zeros(0, dtype=torch.float64)
+        )
         g = g.to(self.device)
         pad = torch.full((n - g.numel(),), math.nan, dtype=torch.float64, device=self.device)
         return torch.cat([g, pad])
@@ -445,7 +453,8 @@ class StepProbes:
         star_band = (b_star(lo, *self.step_time), b_star(hi, *self.step_time))  # B* is monotone in B_simple
         rec = self.rec_simple(recommend_batch(st, *bounds).batch)
         rec_star = self.rec_star(recommend_batch(st, *bounds, target_band=star_band).batch)
-        out.update(level_report(st, raw, B, self.G, mean_group_tokens, self.q))
+        mean_size = self.groups.n_rows / max(len(self.groups), 1)  # G, or per_prompt allocation's mean
+        out.update(level_report(st, raw, B, mean_size, mean_group_tokens, self.q))
         out["probe/gns/recommended_batch"] = rec  # kappa * B_simple (kappa = 1)
         out["probe/gns/b_star"] = bstar  # goodput-optimal batch; NaN unless probe.step_time_* are set
         out["probe/gns/recommended_batch_star"] = rec_star

@@ -49,20 +49,28 @@ class StepBatch:
     completions group by group (`groups`: prompt i's are group i) and the example each completion answers."""
 
     indices: list[int]  # [P] dataset indices of this rank's prompts
-    rollouts: Rollouts  # [P * G] sequences, group by group
-    group_size: int  # G
+    rollouts: Rollouts  # [P * G] sequences, group by group (sum(sizes) with `sizes`)
+    group_size: int  # G, the config's completions per prompt
     examples: list  # [P * G] data.sources.Example of each sequence (prompt i's example, G times)
+    # [P] prompt i's completions when they differ (rollout.allocation: per_prompt); None: G each
+    sizes: list[int] | None = None
 
     def __post_init__(self):
-        if len(self.rollouts) != len(self.indices) * self.group_size or len(self.examples) != len(self.rollouts):
+        rows = len(self.indices) * self.group_size if self.sizes is None else sum(self.sizes)
+        shape = f"{len(self.indices)} prompts x {self.group_size}" if self.sizes is None else f"groups {self.sizes}"
+        if (self.sizes is not None and len(self.sizes) != len(self.indices)) or not (
+            len(self.rollouts) == rows == len(self.examples)
+        ):
             raise ValueError(
-                f"a step batch of {len(self.indices)} prompts x {self.group_size} needs as many rollouts and examples, "
+                f"a step batch of {len(self.indices)} prompts in {shape} needs as many rollouts and examples, "
                 f"got {len(self.rollouts)} and {len(self.examples)}"
             )
 
     @property
     def groups(self) -> Groups:
         """The batch's rows by group (prompt i's completions are group i)."""
+        if self.sizes is not None:
+            return Groups(tuple(self.sizes))
         return Groups.uniform(len(self.indices), self.group_size)
 
     def token_counts(self) -> tuple[int, int]:

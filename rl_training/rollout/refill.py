@@ -68,7 +68,8 @@ def select_groups(s: Scored, groups: Sequence[int]) -> Scored:
         formatted=_pick(sc.formatted, rows),
         parts={name: _pick(v, rows) for name, v in sc.parts.items()},
     )
-    batch = StepBatch([s.batch.indices[g] for g in groups], picked, k, _pick(s.batch.examples, rows))
+    sizes = None if s.batch.sizes is None else [s.batch.sizes[g] for g in groups]
+    batch = StepBatch([s.batch.indices[g] for g in groups], picked, k, _pick(s.batch.examples, rows), sizes)
     return Scored(batch, scores, _pick(s.rewards, rows))
 
 
@@ -87,8 +88,10 @@ def _cat(xs: list):
     return None if any(x is None for x in xs) else [v for x in xs for v in x]
 
 
-def concat(parts: list[Scored]) -> Scored:
-    """The groups of `parts`, one after the other (the same group size)."""
+def concat(parts: list[Scored], sizes: list[int] | None = None) -> Scored:
+    """The groups of `parts`, one after the other (one config group size), or, with `sizes`, their rows cut into
+    groups of those sizes (rollout.allocation: per_prompt joins a prompt's rounds into one group: `indices` then
+    has one entry per group of `sizes`, the first of each part's that starts a group)."""
     k = parts[0].batch.group_size
     ros = [p.batch.rollouts for p in parts]
     stats = [r.env_stats for r in ros if r.env_stats is not None]
@@ -110,7 +113,13 @@ def concat(parts: list[Scored]) -> Scored:
         parts={name: _cat([s.parts[name] for s in scs]) for name in scs[0].parts},
         counts={name: sum(s.counts.get(name, 0.0) for s in scs) for name in scs[0].counts},
     )
-    batch = StepBatch(_cat([p.batch.indices for p in parts]), ro, k, _cat([p.batch.examples for p in parts]))
+    indices = _cat([p.batch.indices for p in parts])
+    if sizes is None and any(p.batch.sizes is not None for p in parts):
+        sizes = [n for p in parts for n in p.batch.groups.sizes]
+    elif sizes is not None:
+        row_index = [p.batch.indices[g] for p in parts for g, n in enumerate(p.batch.groups.sizes) for _ in range(n)]
+        indices = [row_index[r] for r in Groups(tuple(sizes)).starts]
+    batch = StepBatch(indices, ro, k, _cat([p.batch.examples for p in parts]), sizes)
     return Scored(batch, scores, _cat([p.rewards for p in parts]))
 
 

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rl_training.algs.shaping import overlong_penalty
+from rl_training.base import dist
 from rl_training.base.meter import Meter
 from rl_training.base.timer import PhaseTimer
-from rl_training.rollout.base import SamplingSpec, StepBatch
-from rl_training.rollout.refill import RefillStats, Scored, refill
+from rl_training.rollout.base import Rollouts, SamplingSpec, StepBatch
+from rl_training.rollout.refill import RefillStats, Scored, concat, refill, select_groups
 from rl_training.tasks.base import score_completions
 
 if TYPE_CHECKING:
@@ -28,17 +29,32 @@ def generate_step(run: Run, step: int, refill_round: int = 0, n_prompts: int = 0
         idx = run.sampler.refill_indices(step, run.info.rank, refill_round, n_prompts)
     else:
         idx = run.sampler.indices(step, run.info.rank)
-    spec = SamplingSpec(
-        n=G,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        min_new_tokens=cfg.rollout.min_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        seed=sampling_seed(cfg.train.seed, run.info.rank, step, refill_round),
-    )
+    seed = sampling_seed(cfg.train.seed, run.info.rank, step, refill_round)
+    if run.allocator is not None:  # rollout.allocation: per_prompt: the first round only (probes/allocation.py)
+        return generate_counts(run, idx, run.allocator.first_round(idx), seed)
     examples = [run.examples[i] for i in idx]
-    rollouts = run.backend.generate([run.prompts[i] for i in idx], spec, examples=examples)
+    rollouts = run.backend.generate([run.prompts[i] for i in idx], sampling_spec(cfg, G, seed), examples=examples)
     return StepBatch(idx, rollouts, G, [ex for ex in examples for _ in range(G)])
+
+
+def sampling_spec(cfg, n: int, seed: int) -> SamplingSpec:
+    r = cfg.rollout
+    return SamplingSpec(n=n, max_new_tokens=r.max_new_tokens, min_new_tokens=r.min_new_tokens,
+                        temperature=r.temperature, top_p=r.top_p, seed=seed)  # fmt: skip
+
+
+def generate_counts(run: Run, idx: list[int], counts: list[int], seed: int) -> StepBatch:
+    """counts[i] completions of prompt idx[i] (0: none), one group per prompt that gets any: every completion is
+    its own n=1 request with its own seed (rollout/base.py completion_seeds), so groups of any size come from one
+    call of any backend."""
+    keep = [(i, c) for i, c in zip(idx, counts, strict=True) if c]
+    examples = [run.examples[i] for i, c in keep for _ in range(c)]
+    if keep:
+        rows = [run.prompts[i] for i, c in keep for _ in range(c)]
+        rollouts = run.backend.generate(rows, sampling_spec(run.cfg, 1, seed), examples=examples)
+    else:
+        rollouts = Rollouts([], [], [], [], [], policy_version=[])
+    return StepBatch([i for i, _ in keep], rollouts, run.cfg.rollout.group_size, examples, [c for _, c in keep])
 
 
 def score_batch(run: Run, batch: StepBatch) -> Scored:
@@ -63,6 +79,45 @@ def refill_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTi
     return out, stats
 
 
+def allocate_step(run: Run, step: int, first: Scored, meter: Meter, timer: PhaseTimer) -> Scored:
+    """rollout.allocation: per_prompt: the plan over the step's prompts from their history and `first` (the first
+    round, probes/allocation.py), the rest generated and scored in the step's phases, each prompt's rounds joined into
+    one group; then every rank's rewards go into every rank's history (a collective)."""
+    idx, a = run.sampler.indices(step, run.info.rank), run.allocator
+    given = a.first_round(idx)
+    group_of, rewards = _groups_by_prompt(given), first.batch.groups.split(first.rewards)
+    first_rewards = [rewards[g] if g is not None else [] for g in group_of]
+    ks = a.plan(idx, first_rewards)
+    seed = sampling_seed(run.cfg.train.seed, run.info.rank, step, 0, part=1)
+    with timer("generate"):
+        more = generate_counts(run, idx, [k - g for k, g in zip(ks, given, strict=True)], seed)
+    with timer("score"):
+        rest = score_batch(run, more) if len(more.rollouts) else None
+    more_of = _groups_by_prompt([k - g for k, g in zip(ks, given, strict=True)])
+    parts = [select_groups(src, [g]) for p in range(len(idx)) for src, g in ((first, group_of[p]), (rest, more_of[p]))
+             if g is not None]  # fmt: skip
+    out = concat(parts, [k for k in ks if k])
+    pairs = list(zip(out.batch.indices, out.batch.groups.split(out.rewards), strict=True))
+    a.record(pair for ranks in dist.all_gather_objects(pairs) for pair in ranks)
+    used = sum(1 for k in ks if k)
+    meter.add("rollout/alloc_first_completions", sum(given))
+    meter.add("rollout/alloc_prompts_used", used)
+    meter.add("rollout/completions_generated", sum(ks))
+    meter.add("rollout/completions_trained", len(out.rewards))
+    meter.mean("rollout/alloc_group_size_mean", sum(ks), per=used)
+    meter.max("rollout/alloc_group_size_max", max(ks))
+    return out
+
+
+def _groups_by_prompt(counts: list[int]) -> list[int | None]:
+    """Prompt p's group number in a generate_counts batch of `counts` (None: it got no completion)."""
+    out, g = [], 0
+    for c in counts:
+        out.append(g if c else None)
+        g += bool(c)
+    return out
+
+
 def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[float]:
     """The rewards the learner trains on: the task's minus DAPO's soft overlong penalty (reward.overlong_buffer;
     algs/shaping.py) over the response budget, metered when on (rollout/reward_mean stays the task's reward)."""
@@ -76,8 +131,9 @@ def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[flo
     return [x - p for x, p in zip(rewards, pen, strict=True)]
 
 
-def sampling_seed(seed: int, rank: int, step: int, refill_round: int = 0) -> int:
-    """A sampling seed that is a pure function of (seed, rank, step[, refill round]), so a resumed run samples the
-    same; round 0 (the step's own batch) keeps the seeds every run before dynamic sampling had."""
-    key = [seed, rank, step, refill_round] if refill_round else [seed, rank, step]
+def sampling_seed(seed: int, rank: int, step: int, refill_round: int = 0, part: int = 0) -> int:
+    """A sampling seed that is a pure function of (seed, rank, step[, refill round][, part]), so a resumed run
+    samples the same; round 0 (the step's own batch) keeps the seeds every run before dynamic sampling had. `part`
+    1: per_prompt allocation's second call of the step."""
+    key = [seed, rank, step, *([refill_round] if refill_round or part else []), *([part] if part else [])]
     return int(np.random.SeedSequence(key).generate_state(1)[0] % 2**31)

@@ -44,6 +44,7 @@ from rl_training.metrics.samples import StepSamples
 from rl_training.metrics.step import measure_step
 from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
+from rl_training.probes.allocation import PromptAllocator
 from rl_training.probes.budget import RolloutBudget, StepWork
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
@@ -57,7 +58,7 @@ from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.rollout.kinds import BackendKind, backend_kind
 from rl_training.rollout.refill import RefillStats
 from rl_training.runners.monitor import advice_line
-from rl_training.runners.rl_batch import generate_step, refill_step, score_batch, shaped_rewards
+from rl_training.runners.rl_batch import allocate_step, generate_step, refill_step, score_batch, shaped_rewards
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -104,6 +105,7 @@ class Run:
     alerts: dict = field(default_factory=dict)
     advised_k_star: float | None = None  # the K* report_advice last printed
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> StepBatch
+    allocator: PromptAllocator | None = None  # rollout.allocation: per_prompt (probes/allocation.py)
 
 
 def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: int, world: int) -> list[str]:
@@ -200,9 +202,8 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
     syncer = make_syncer(cfg.sync, cfg.run.name, info.is_main)
     parts = dict(model=model, optimizer=optimizer, scheduler=scheduler, params=params, device=info.device)
     probes = build_probes(cfg, derived, model, params, info, resumed_state)
-    pad = tokenizer.pad_token_id
-    learner = Learner.from_config(cfg, derived, max_trainable_tokens=max_trainable_tokens(cfg, task), pad_id=pad,
-                                  probes=probes, **parts)  # fmt: skip
+    learner = Learner.from_config(cfg, derived, max_trainable_tokens=max_trainable_tokens(cfg, task),
+                                  pad_id=tokenizer.pad_token_id, probes=probes, **parts)  # fmt: skip
     run = Run(
         cfg=cfg,
         derived=derived,
@@ -235,6 +236,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
             resumed_state.get("forecast"),
         ),
         samples=StepSamples(cfg.run, cfg.train.seed, tokenizer, derived.run_dir, info.is_main, start_step),
+        allocator=PromptAllocator.from_config(cfg.rollout, resumed_state.get("allocation")),
     )
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
     pin = versioned(backend, cfg).pinned if K else None
@@ -281,6 +283,8 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     drawn = None  # dynamic sampling: what the step generated, refills included
     if run.cfg.rollout.dynamic_sampling:  # generation and scoring of the refill rounds, in their phases
         scored, drawn = refill_step(run, step, scored, meter, timer)
+    if run.allocator is not None:  # per_prompt: the plan and the rest of the step's completions
+        scored = allocate_step(run, step, scored, meter, timer)
     batch, scores = scored.batch, scored.scores
     rewards = shaped_rewards(run, meter, batch.rollouts, scored.rewards)
     with timer("train"):  # the engine's memory goes to the update; sync_weights wakes it
@@ -365,6 +369,7 @@ def checkpoint(run: Run, step: int) -> None:
             "drift": run.drift.state_dict(),
             "forecast": run.forecast.state_dict(),
             "best": run.best.state_dict(),
+            "allocation": run.allocator.state_dict() if run.allocator else None,
         },
         run.cfg.ckpt.keep_last,
         # async: the adapters the queued batches sampled, which a resume must serve again

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_training.algs.common import token_entropy, token_logprobs, zero_adv_groups
+from rl_training.algs.common import Sizes, token_entropy, token_logprobs, zero_adv_groups
 from rl_training.algs.corrections import Correction
 from rl_training.algs.objectives import (
     KL_ESTIMATORS,
@@ -93,7 +93,9 @@ class UpdateHParams:
         return self.kl_coef > 0 or self.log_kl
 
 
-def step_advantages(objective: Objective, rewards: torch.Tensor, group_size: int, device: torch.device) -> torch.Tensor:
+def step_advantages(
+    objective: Objective, rewards: torch.Tensor, group_size: Sizes, device: torch.device
+) -> torch.Tensor:
     """The objective's advantages; a batch-std scale (REINFORCE++) uses moments summed over all ranks."""
     centered = objective.baseline(rewards, group_size)
     if objective.needs_batch_moments:
@@ -317,7 +319,7 @@ class Learner:
         """Advantages from `rewards` (one per rollout), then the update of step `step` (0-based; its
         hyper-parameters: UpdateHParams.for_step). `before_update` runs just before the first forward (the
         runner puts the rollout engine to sleep there); not when a non-finite reward skips the update."""
-        hp, group = self.hparams, batch.group_size
+        hp, group = self.hparams, batch.groups.sizes  # each group's size (per_prompt allocation: unequal)
         r = torch.tensor(rewards, dtype=torch.float64)
         bad_reward = nonfinite_agreed({"reward": r.sum().item()}, self.device)  # every rank skips together
         advantages = step_advantages(hp.objective, r, group, self.device)

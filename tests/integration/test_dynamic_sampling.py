@@ -7,12 +7,9 @@ what the model writes: a prompt whose string starts with a-e (of the data's a-j)
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from rl_training.runners import rl_runner
-from tests.helpers import TESTCFG, VLLM, read_metrics, scripted_reward
+from tests.helpers import FOUR_STEPS, TESTCFG, VLLM, resume_last_steps_match, scripted_reward, straight_run
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
@@ -22,14 +19,10 @@ def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exact
         *(VLLM if backend == "vllm" else []),
         scripted_reward(tmp_path, "TiedOrMixed"),
         "rollout.dynamic_sampling=true",
-        "train.total_steps=4",
-        "ckpt.every=2",
-        "ckpt.keep_last=5",
-        "eval.every=0",
+        *FOUR_STEPS,
     ]
-    assert rl_runner.main(["--cfg", TESTCFG, *base, "run.name=straight"]) == 0
-    rows = read_metrics(tmp_path / "runs" / "straight")
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    rows = straight_run(tmp_path / "runs", ["--cfg", TESTCFG, *base])
+    assert len(rows) == 4
     for r in rows:
         B, K = 4, 4  # cfg/testconfig.yaml
         assert r["rollout/completions_trained"] == B * K
@@ -40,13 +33,4 @@ def test_refilled_steps_train_informative_groups_count_the_cost_and_resume_exact
     assert sum(r["rollout/refill_rounds"] for r in rows) > 0  # about half the prompts tie: some step refilled
     assert any(r["rollout/informative_group_frac_trained"] > r["rollout/informative_group_frac"] for r in rows)
 
-    out = tmp_path / "runs"
-    shutil.copytree(out / "straight", out / "resumed", symlinks=True)
-    shutil.rmtree(out / "resumed" / "checkpoints" / "step_000004")
-    assert rl_runner.main(["--cfg", TESTCFG, *base, "run.name=resumed", "ckpt.resume=latest"]) == 0
-    again = read_metrics(out / "resumed")
-    assert [r["step"] for r in again] == [1, 2, 3, 4]
-    for a, b in zip(rows[2:], again[2:], strict=True):
-        for k, v in a.items():
-            if not k.startswith(("perf/", "mem/")):
-                assert b[k] == pytest.approx(v, rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], k)
+    resume_last_steps_match(tmp_path / "runs", ["--cfg", TESTCFG, *base], rows, 2)  # from the step-2 checkpoint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -125,6 +126,23 @@ def test_dynamic_sampling_refused_with_kl():
     with pytest.raises(ConfigError, match="rollout.dynamic_sampling=true with loss.kl_coef=0.05: a group whose"):
         load_config(None, ["rollout.dynamic_sampling=true", "loss.kl_coef=0.05"])
     load_config(None, ["rollout.dynamic_sampling=true"])
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        ("rollout.max_async_level=1", "rollout.max_async_level > 0: the plan reads the step's first round"),
+        ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling: both choose which groups a step trains on"),
+        ("probe.advisor=true", "probe.advisor: the advisor's ANOVA reads groups of one size"),
+        ("rollout.allocation_first=17", "rollout.allocation_first=17 over the k_max of 16"),
+    ],
+)
+def test_per_prompt_allocation_refuses_what_it_cannot_plan_with(other, message):
+    needs = {"probe.advisor": ["model.gradient_checkpointing=false"], "rollout.max_async_level": ["loss.tis_cap=2.0"]}
+    extra = needs.get(other.split("=")[0], [])
+    with pytest.raises(ConfigError, match=re.escape(f"rollout.allocation=per_prompt with {message}")):
+        load_config(None, ["rollout.allocation=per_prompt", other, *extra])
+    load_config(None, ["rollout.allocation=per_prompt", "rollout.allocation_first=16"])  # k_max 2 x 8
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ def binary_curve(p: float, k_max: int) -> list[float]:
     return [waste_fraction([p], k) for k in range(1, k_max + 1)]
 
 
-def brute_force(wastes, budget: int, ratio: float, k_min: int, k_max: int, signals) -> float:
-    choices = [0, *range(k_min, k_max + 1)]
-    allocations = (ks for ks in itertools.product(choices, repeat=len(wastes)) if sum(ks) <= budget)
+def brute_force(wastes, budget: int, ratio: float, k_min: int, k_max: int, signals, given=None) -> float:
+    given = given or [0] * len(wastes)
+    choices = [[g, *range(max(k_min, g), k_max + 1)] if g else [0, *range(k_min, k_max + 1)] for g in given]
+    allocations = (ks for ks in itertools.product(*choices) if sum(ks) <= budget)
     return max(allocation_value(ks, wastes, ratio, signals) for ks in allocations)
 
 
@@ -39,6 +40,31 @@ def test_the_allocation_is_the_brute_force_optimum(pass_rates, budget, ratio, k_
     assert sum(ks) <= budget and all(k == 0 or k_min <= k <= k_max for k in ks)
     best = brute_force(wastes, budget, ratio, k_min, k_max, signals)
     assert allocation_value(ks, wastes, ratio, signals) == pytest.approx(best, abs=1e-12)
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3)), min_size=1, max_size=4),
+    st.integers(0, 16),
+    st.floats(0, 20),
+    st.integers(0, 3),
+)
+def test_a_first_round_is_kept_and_the_rest_is_the_brute_force_optimum(prompts, budget, ratio, extra):
+    # rollout.allocation: per_prompt's first round: prompt i already has given[i] completions (counted in the
+    # budget); it keeps them and may get more, never fewer. k_max covers every first round.
+    k_min, k_max = 2, 3 + extra
+    pass_rates, given = [p for p, _ in prompts], [g for _, g in prompts]
+    budget += sum(given)
+    wastes = [binary_curve(p, k_max) for p in pass_rates]
+    signals = [p * (1 - p) for p in pass_rates]
+    ks = allocate(wastes, budget, ratio, k_min, k_max, signals, given=given)
+    assert sum(ks) <= budget and all(k == g or max(k_min, g) <= k <= k_max for k, g in zip(ks, given, strict=True))
+    best = brute_force(wastes, budget, ratio, k_min, k_max, signals, given)
+    assert allocation_value(ks, wastes, ratio, signals) == pytest.approx(best, abs=1e-12)
+
+
+def test_a_first_round_over_the_budget_is_refused():
+    with pytest.raises(ValueError, match="given"):
+        allocate([binary_curve(0.5, 4)] * 2, 5, 1.0, 2, 4, given=[3, 3])
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])

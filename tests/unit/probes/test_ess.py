@@ -104,6 +104,13 @@ def test_e6_degenerate_group_has_zero_weight_and_adv_token_form():
     assert r.ness == pytest.approx((2 * 0.5 + 6 * 0.5) ** 2 / (8 * 0.25) / 14, rel=1e-12)
 
 
+def test_group_ness_of_unequal_groups_is_each_group_s_own():
+    # per_prompt allocation's groups of 2, 3 and 1: [1, 1] even (ness 1), [1, 0, 0] one weight (1/3), [5] (1)
+    lw = torch.log(torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 5.0], dtype=D))
+    torch.testing.assert_close(group_ness(lw, [2, 3, 1]), torch.tensor([1.0, 1 / 3, 1.0], dtype=D))
+    torch.testing.assert_close(group_ness(lw, [3, 3]), group_ness(lw, 3))  # equal sizes: the [groups, G] view
+
+
 def test_group_ness_per_group():
     lw = torch.tensor([0.0, 0.0, 0.0, 0.0, 50.0, 0.0, 0.0, 0.0], dtype=D)  # group 2 dominated by one sequence
     torch.testing.assert_close(group_ness(lw, 4), torch.tensor([1.0, 0.25], dtype=D))

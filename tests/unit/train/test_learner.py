@@ -135,9 +135,7 @@ def test_learner_skips_zero_advantage_groups_and_counts_their_tokens(policy):
     # The runner's path (Learner.learn, then the step's Part) with dropping on and off, same rewards: groups 0
     # and 2 of 4 have equal rewards (A = 0). One group per micro-batch, so the update is bit-identical (see
     # above), and train/skipped_token_frac is the trainable tokens of groups 0 and 2 over all 8 sequences'.
-    from rl_training.probes.probe import NullProbes
     from rl_training.rollout.base import StepBatch
-    from rl_training.train.learner import Learner, UpdateHParams
 
     ro = fake_rollouts(4, seed=1)
     rewards = [0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9]
@@ -145,14 +143,8 @@ def test_learner_skips_zero_advantage_groups_and_counts_their_tokens(policy):
     params = trainable_parameters(policy)
 
     def learn(drop):
-        opt = torch.optim.SGD(params, lr=0.0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-        learner = Learner(model=policy, optimizer=opt, scheduler=sched, params=params,
-                          hparams=UpdateHParams(max_grad_norm=0.0, kl_log_every=0), probes=NullProbes(),
-                          device=torch.device("cpu"), seqs_per_rank=8, max_trainable_tokens=8, micro_batch_groups=1,
-                          drop_zero_adv_groups=drop, pad_id=0, pack_row_tokens=None)  # fmt: skip
         meter = Meter()
-        learner.learn(batch, rewards, 0, meter)
+        zero_lr_learner(policy, params, 1, drop).learn(batch, rewards, 0, meter)
         return torch.cat([p.grad.reshape(-1).clone() for p in params]), meter.reduce(torch.device("cpu"))
 
     g_all, m_all = learn(False)
@@ -433,3 +425,34 @@ def test_a_step_whose_groups_all_skip_still_feeds_the_canary(policy):
     adv[G : 2 * G] = torch.tensor([0.5, -0.5], dtype=torch.float64)
     mbs = make_micro_batches(ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=True)
     assert [mb.group_ids for mb in mbs] == [[1]]
+
+
+def test_learner_takes_each_group_s_own_size(policy):
+    # rollout.allocation: per_prompt's unequal groups through Learner.learn: groups of 3, 1, 2 and 2 rows. Each
+    # group is centred on its own mean: group 0 [0.7, 0.7, 1.0] -> mean 0.8, group 1 [0.2] alone -> 0, group 2
+    # [0.0, 0.0] ties -> 0, group 3 [0.5, 0.9] -> -0.2, 0.2. Groups of 2 as the config's G would give other values.
+    from rl_training.rollout.base import StepBatch
+
+    ro = fake_rollouts(4, seed=1)
+    rewards = [0.7, 0.7, 1.0, 0.2, 0.0, 0.0, 0.5, 0.9]
+    batch = StepBatch(list(range(4)), ro, G, [None] * 8, sizes=[3, 1, 2, 2])
+    meter = Meter()
+    learned = zero_lr_learner(policy, trainable_parameters(policy), 2, True).learn(batch, rewards, 0, meter)
+    want = [-0.1, -0.1, 0.2, 0.0, 0.0, 0.0, -0.2, 0.2]
+    assert learned.advantages.tolist() == pytest.approx(want, abs=1e-12)
+    assert meter.reduce(torch.device("cpu"))["rollout/zero_adv_group_frac"] == 0.5  # groups 1 and 2 of 4
+    assert sorted(learned.rows) == [0, 1, 2, 6, 7]  # the zero-advantage groups' rows are skipped
+
+
+def zero_lr_learner(policy, params, micro_batch_groups: int, drop: bool):
+    """A Learner of 8 sequences per rank whose update leaves the weights (lr 0) and keeps the gradients."""
+    from rl_training.probes.probe import NullProbes
+    from rl_training.train.learner import Learner, UpdateHParams
+
+    opt = torch.optim.SGD(params, lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    return Learner(model=policy, optimizer=opt, scheduler=sched, params=params,
+                   hparams=UpdateHParams(max_grad_norm=0.0, kl_log_every=0), probes=NullProbes(),
+                   device=torch.device("cpu"), seqs_per_rank=8, max_trainable_tokens=8,
+                   micro_batch_groups=micro_batch_groups, drop_zero_adv_groups=drop, pad_id=0,
+                   pack_row_tokens=None)  # fmt: skip
