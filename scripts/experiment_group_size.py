@@ -11,6 +11,13 @@ the machine's load alike. Every run: the same learning rate, steps and completio
 training work up to the per-prompt share), the held-out set (eval.num_prompts greedy) every --eval-every steps.
 Prints a table and writes <out>/summary.json; --plot draws held-out reward against completions spent (mean over
 seeds, min-max band).
+
+--arms compares ways of spending the budget (issue 52, item 5) instead of the Ks alone, each arm a name:
+  k<K>        the fixed split: N/K prompts of K completions;
+  dyn:k<K>    the same with rollout.dynamic_sampling (its refills counted as completions spent);
+  alloc:k<K>  rollout.allocation: per_prompt over N/K prompts (N completions a step, unequal groups).
+Completions spent are what each run generated (rollout/completions_generated where logged). The forecast's error at
+step 50 (probe/forecast/final_reward against the final evaluation) is reported for every arm.
 """
 
 from __future__ import annotations
@@ -50,9 +57,25 @@ def warm_start(out: Path) -> Path:
     return model
 
 
-def one_run(out: Path, model: Path, k: int, seed: int, args, extra: list[str]) -> dict:
+ARM_OVERRIDES = {
+    "k": [],
+    "dyn": ["rollout.dynamic_sampling=true"],
+    "alloc": ["rollout.allocation=per_prompt", "probe.advisor=false"],  # the advisor reads equal groups only
+}
+
+
+def parse_arm(arm: str) -> tuple[str, int]:
+    """'k4' -> ('k', 4); 'dyn:k8' -> ('dyn', 8)."""
+    mode, _, k = arm.rpartition(":")
+    if not k.startswith("k") or not k[1:].isdigit() or (mode or "k") not in ARM_OVERRIDES:
+        raise ValueError(f"arm {arm!r}: k<K>, dyn:k<K> or alloc:k<K>")
+    return mode or "k", int(k[1:])
+
+
+def one_run(out: Path, model: Path, arm: str, seed: int, args, extra: list[str]) -> dict:
+    mode, k = parse_arm(arm)
     b = args.completions // k
-    name = f"k{k}_s{seed}"
+    name = f"{arm.replace(':', '_')}_s{seed}"
     overrides = [
         f"model.name_or_path={model}",
         f"run.output_dir={out}",
@@ -71,43 +94,58 @@ def one_run(out: Path, model: Path, k: int, seed: int, args, extra: list[str]) -
         "ckpt.keep_last=1",
         "probe.advisor=true",
         "probe.unit_every=1",
+        f"probe.forecast_from={args.forecast_at}",
+        *ARM_OVERRIDES[mode],
         *extra,
     ]
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "rl_training.runners.rl_runner", "--cfg", "cfg/tiny_cpu.yaml", *overrides]
     sh(cmd, out / f"{name}.log")
     rows = rows_of(out / name)
-    evals = [(r["step"] * args.completions, r[EVAL_KEY]) for r in rows if EVAL_KEY in r]
-    advice = [r for r in rows if "probe/advisor/k_star" in r]
-    trusted = [r for r in advice if r["probe/advisor/trusted"]]
+    spent, evals = 0.0, []
+    for r in rows:
+        spent += r.get("rollout/completions_generated", args.completions)
+        if EVAL_KEY in r:
+            evals.append((spent, r[EVAL_KEY]))
+    forecast = [
+        r["probe/forecast/final_reward"]
+        for r in rows
+        if r["step"] == args.forecast_at and "probe/forecast/final_reward" in r
+    ]
+    advice = [r for r in rows if "probe/advisor/k_star" in r] or [{}]
+    trusted = [r for r in advice if r.get("probe/advisor/trusted")]
     late = advice[len(advice) // 2 :]  # the second half of the run: the EMA has settled
     finite = lambda xs: [x for x in xs if x == x]  # noqa: E731 - drop NaN
+    nan = float("nan")
     return {
+        "arm": arm,
         "k": k,
         "b": b,
+        "forecast_error": (forecast[0] - evals[-1][1]) if forecast else nan,
         "seed": seed,
         "seconds": time.perf_counter() - t0,
         "evals": evals,
         "final": evals[-1][1],
         "mean_over_evals": statistics.fmean(v for _, v in evals),
-        "k_star_late_median": statistics.median(finite([r["probe/advisor/k_star"] for r in late]) or [float("nan")]),
+        "k_star_late_median": statistics.median(finite([r.get("probe/advisor/k_star", nan) for r in late]) or [nan]),
         "k_star_no_waste_late_median": statistics.median(
-            finite([r["probe/advisor/k_star_no_waste"] for r in late]) or [float("nan")]
+            finite([r.get("probe/advisor/k_star_no_waste", nan) for r in late]) or [nan]
         ),
-        "k_band_last": (advice[-1]["probe/advisor/k_lo"], advice[-1]["probe/advisor/k_hi"]),
+        "k_band_last": (advice[-1].get("probe/advisor/k_lo", nan), advice[-1].get("probe/advisor/k_hi", nan)),
         "efficiency_late_median": statistics.median(
-            finite([r["probe/advisor/efficiency"] for r in late]) or [float("nan")]
+            finite([r.get("probe/advisor/efficiency", nan) for r in late]) or [nan]
         ),
         "ratio_late_median": statistics.median(
-            finite([r["probe/anova/within_between_ratio"] for r in late]) or [float("nan")]
+            finite([r.get("probe/anova/within_between_ratio", nan) for r in late]) or [nan]
         ),
         "trusted_frac": len(trusted) / max(len(advice), 1),
-        "far_steps": sum(int(r["probe/alert/rollout_split"]) for r in advice),
+        "far_steps": sum(int(r.get("probe/alert/rollout_split", 0)) for r in advice),
         "zero_adv_frac": statistics.fmean(r["rollout/zero_adv_group_frac"] for r in rows),
-        "waste_model_late": statistics.fmean(r["probe/advisor/waste_at_k"] for r in late),
+        "waste_model_late": statistics.fmean(r.get("probe/advisor/waste_at_k", nan) for r in late),
         "cost_ratio_late": statistics.fmean(
-            r["probe/advisor/cost_prompt_s"] / r["probe/advisor/cost_rollout_s"] for r in late
+            r.get("probe/advisor/cost_prompt_s", nan) / r.get("probe/advisor/cost_rollout_s", nan) for r in late
         ),
+        "spent": spent,
     }
 
 
@@ -118,46 +156,45 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3g} [{min(xs):.3g}-{max(xs):.3g}]"
 
 
-def table(results: list[dict], ks: list[int]) -> str:
+def table(results: list[dict], arms: list[str]) -> str:
     head = (
-        "K   B   final held-out reward   mean over evals        advisor K* (late)   K* no waste   "
-        "trS_w/trS_b   efficiency   trusted   zero-adv (measured / model)   c_p/c_r   s/run"
+        "arm        K   B   spent/run   final held-out reward   mean over evals        forecast - final      "
+        "advisor K* (late)   trS_w/trS_b   trusted   zero-adv (measured / model)   s/run"
     )
     lines = [head, "-" * len(head)]
-    for k in ks:
-        rs = [r for r in results if r["k"] == k]
+    for arm in arms:
+        rs = [r for r in results if r["arm"] == arm]
         zero = statistics.fmean(r["zero_adv_frac"] for r in rs)
         model = statistics.fmean(r["waste_model_late"] for r in rs)
         lines.append(
-            f"{k:<3} {rs[0]['b']:<3} {spread([r['final'] for r in rs]):<23} "
-            f"{spread([r['mean_over_evals'] for r in rs]):<22} {spread([r['k_star_late_median'] for r in rs]):<19} "
-            f"{spread([r['k_star_no_waste_late_median'] for r in rs]):<13} "
+            f"{arm:<10} {rs[0]['k']:<3} {rs[0]['b']:<3} {statistics.fmean(r['spent'] for r in rs):<11.0f} "
+            f"{spread([r['final'] for r in rs]):<23} {spread([r['mean_over_evals'] for r in rs]):<22} "
+            f"{spread([r['forecast_error'] for r in rs]):<21} {spread([r['k_star_late_median'] for r in rs]):<19} "
             f"{spread([r['ratio_late_median'] for r in rs]):<13} "
-            f"{spread([r['efficiency_late_median'] for r in rs]):<12} "
             f"{statistics.fmean(r['trusted_frac'] for r in rs):<9.2f} {zero:.2f} / {model:.2f}{'':<18} "
-            f"{statistics.fmean(r['cost_ratio_late'] for r in rs):<9.3g} "
             f"{statistics.fmean(r['seconds'] for r in rs):.0f}"
         )
     return "\n".join(lines)
 
 
-def plot(results: list[dict], ks: list[int], path: Path, completions: int) -> None:
+def plot(results: list[dict], arms: list[str], path: Path, completions: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for k in ks:
-        rs = [r for r in results if r["k"] == k]
-        xs = [x for x, _ in rs[0]["evals"]]
-        ys = [[r["evals"][i][1] for r in rs] for i in range(len(xs))]
+    for arm in arms:
+        rs = [r for r in results if r["arm"] == arm]
+        n = min(len(r["evals"]) for r in rs)
+        xs = [statistics.fmean(r["evals"][i][0] for r in rs) for i in range(n)]  # completions generated, mean
+        ys = [[r["evals"][i][1] for r in rs] for i in range(n)]
         mean = [statistics.fmean(y) for y in ys]
-        ax.plot(xs, mean, marker="o", ms=3, label=f"K={k}, B={completions // k}")
+        ax.plot(xs, mean, marker="o", ms=3, label=f"{arm}, B={rs[0]['b']}")
         ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], alpha=0.15)
     ax.set_xlabel("completions spent")
     ax.set_ylabel("held-out mean reward (greedy)")
-    ax.set_title(f"{completions} completions per step split as B prompts x K completions ({len(rs)} seeds)")
+    ax.set_title(f"{completions} completions per step as B prompts x K completions ({len(rs)} seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -172,10 +209,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--arms", default="", help="e.g. k4,k8,dyn:k8,alloc:k8 (default: k<K> for each of --ks)")
+    ap.add_argument(
+        "--forecast-at", type=int, default=50, help="the step whose forecast is scored (probe.forecast_from)"
+    )
     ap.add_argument("--out", default="runs/k_experiment")
     ap.add_argument("--plot", default="", help="e.g. docs/assets/group_size.png")
     args, extra = ap.parse_known_args(argv)
-    ks, seeds = [int(x) for x in args.ks.split(",")], [int(x) for x in args.seeds.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    arms = args.arms.split(",") if args.arms else [f"k{k}" for k in args.ks.split(",")]
+    ks = [parse_arm(a)[1] for a in arms]
     bad = [k for k in ks if args.completions % k]
     if bad:
         ap.error(f"--completions {args.completions} is not a multiple of K={bad[0]}")
@@ -185,16 +228,16 @@ def main(argv=None) -> int:
     model = warm_start(out)
     results = []
     for seed in seeds:
-        for k in ks:
-            r = one_run(out, model, k, seed, args, extra)
-            print(f"K={k} seed={seed}: final {r['final']:.3f}, advisor K* {r['k_star_late_median']} "
-                  f"({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+        for arm in arms:
+            r = one_run(out, model, arm, seed, args, extra)
+            print(f"{arm} seed={seed}: final {r['final']:.3f} after {r['spent']:.0f} completions, advisor K* "
+                  f"{r['k_star_late_median']} ({r['seconds']:.0f} s)", flush=True)  # fmt: skip
             results.append(r)
             summary = {"args": vars(args), "extra": extra, "runs": results}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(table(results, ks))
+    print(table(results, arms))
     if args.plot:
-        plot(results, ks, REPO / args.plot, args.completions)
+        plot(results, arms, REPO / args.plot, args.completions)
         print(f"plot: {args.plot}")
     return 0
 
