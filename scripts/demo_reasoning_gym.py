@@ -4,10 +4,13 @@ Dr-GRPO -> held-out reward before and after, against the same RL with its reward
     make demo-reasoning-gym
     .venv/bin/python scripts/demo_reasoning_gym.py [--output-dir /tmp/demo] [--skip-ablation] [key=value ...]
 
-Everything is local: the tiny model (models/tiny-qwen2) and reasoning-gym's spell_backward, its train split and a
-disjoint held-out split generated from seeds (no data files; docs/extending.md), then
-- runs/spell_<time>_sft: SFT of all weights of the random model on the train split's answers (cfg/spell_sft.yaml);
-- runs/spell_<time>_rl: Dr-GRPO + LoRA from it, graded by the dataset's own score_answer (cfg/spell_cpu.yaml);
+Everything is local: the tiny model (models/tiny-qwen2) and reasoning-gym's spell_backward, its train, validation
+and held-out splits generated from seeds, disjoint (no data files; docs/extending.md), then
+- runs/spell_<time>_sft_o<order>: SFT of all weights of the random model on the train split's answers
+  (cfg/spell_sft.yaml), gated: it stops when 128 validation problems are answered 0.7 accurately, and the next data
+  order is tried (--orders) when sft.steps end first;
+- runs/spell_<time>_rl: Dr-GRPO + LoRA from it with dynamic sampling, graded by the dataset's own score_answer
+  (cfg/spell_cpu.yaml);
 - runs/spell_<time>_shuffled, unless --skip-ablation: the same RL with every completion graded against another
   problem's answer (scripts/shuffled_reward.py): rewards of the same scale and spread, unrelated to the question.
 Held-out greedy and sampled scores (scripts/demo.py's heldout_scores: the eval pipeline, the real grader) of the SFT
@@ -21,17 +24,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from demo import data_order, heldout_scores, sh, torchrun  # noqa: E402  (the single-turn demo's launch and eval helpers)
-from demo_search import rl_runs  # noqa: E402
+from demo import data_order, heldout_scores, sh, torchrun, torchrun_cmd  # noqa: E402  (the single-turn demo's launch and eval helpers)
+from demo_search import gated_sft, rl_runs  # noqa: E402
 
 SFT_CFG, RL_CFG = "cfg/spell_sft.yaml", "cfg/spell_cpu.yaml"
-SPLITS = {"size": 4000, "heldout_size": 128, "answer_format": "plain"}  # the configs' split settings
+SPLITS = {"size": 4000, "heldout_size": 128, "valid_size": 128, "answer_format": "plain"}  # the configs' splits
+# The survey's protocol (scripts/survey_reasoning_gym.py, docs/extending.md): 600 SFT steps on a cosine schedule,
+# ungated (a dataset the model does not learn is a row of the table, not a failure), and RL without refills.
+SURVEY = [
+    "sft.steps=600",
+    "sft.stop_when=[]",
+    "sft.eval_every=0",
+    "sft.schedule=cosine",
+    "rollout.dynamic_sampling=false",
+]
 METRICS = [
     ("held-out mean reward (greedy)", "greedy_reward"),
     ("held-out accuracy (greedy)", "greedy_accuracy"),
@@ -56,15 +69,38 @@ def final_adapter(cfg) -> Path:
 
 
 def sft(name: str, over: list[str], output_dir: str | None) -> Path:
-    """The SFT stage as one rank; its final model."""
+    """The SFT stage as one rank, ungated (the survey's); its final model."""
     from rl_training.config.load import load_config
 
     sft_over = [f"run.name={name}_sft", *([f"run.output_dir={output_dir}"] if output_dir else []), *over]
     cfg = load_config(REPO / SFT_CFG, sft_over)
-    if not (REPO / cfg.model.name_or_path).exists():
-        sh([sys.executable, "scripts/make_tiny_model.py", "--out", cfg.model.name_or_path])
+    make_model(cfg)
     torchrun("sft_runner.py", SFT_CFG, sft_over)
     return REPO / cfg.run.output_dir / cfg.run.name / "final_model"
+
+
+def make_model(sft_cfg) -> None:
+    if not (REPO / sft_cfg.model.name_or_path).exists():
+        sh([sys.executable, "scripts/make_tiny_model.py", "--out", sft_cfg.model.name_or_path])
+
+
+def gated(name: str, orders: list[int], output_dir: str | None) -> tuple[Path, dict]:
+    """The demo's SFT stage: gated on the validation split, data order by data order (demo_search.gated_sft); the
+    final model of the first order that passed, and the gate's record."""
+    from rl_training.config.load import load_config
+
+    out = [f"run.output_dir={output_dir}"] if output_dir else []
+    cfg = load_config(REPO / SFT_CFG, out)
+    make_model(cfg)
+
+    def launch(cfg_path: str, over: list[str]) -> int:
+        cmd = torchrun_cmd("sft_runner.py", cfg_path, over)
+        print("+", " ".join(cmd), flush=True)
+        return subprocess.run(cmd, cwd=REPO).returncode
+
+    run_dir = lambda order: REPO / cfg.run.output_dir / f"{name}_sft_o{order}"  # noqa: E731
+    sft_dir, gate = gated_sft(launch, SFT_CFG, out, run_dir, orders)
+    return sft_dir / "final_model", gate
 
 
 def rl_overrides(name: str, model: Path, output_dir: str | None, over: list[str]) -> list[str]:
@@ -77,6 +113,7 @@ def sft_then_rl(name: str, over: list[str], output_dir: str | None) -> dict:
     from rl_training.config.load import load_config
 
     t0 = time.time()
+    over = [*SURVEY, *over]
     model = sft(name, over, output_dir)
     t_sft = time.time()
     rl_over = rl_overrides(f"{name}_rl", model, output_dir, over)
@@ -101,6 +138,7 @@ def main() -> int:
     ap.add_argument(
         "--seed", type=int, default=data_order(0), help="train.seed of SFT and both RL runs ($RL_DATA_ORDER or 0)"
     )
+    ap.add_argument("--orders", type=int, default=3, help="data orders the gated SFT may try (--seed, then +1...)")
     ap.add_argument("--skip-ablation", action="store_true", help="no shuffled-reward RL run")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
@@ -109,8 +147,8 @@ def main() -> int:
 
     t0 = time.time()
     stamp = time.strftime("%Y%m%d_%H%M%S")
-    seed = [f"train.seed={a.seed}"]
-    model = sft(f"spell_{stamp}", seed, a.output_dir)
+    model, gate = gated(f"spell_{stamp}", [a.seed + i for i in range(a.orders)], a.output_dir)
+    seed = [f"train.seed={gate['order']}"]  # RL on the data order whose SFT passed
     t_sft = time.time()
     runs = {"rl": f"spell_{stamp}_rl"} | ({} if a.skip_ablation else {"shuffled": f"spell_{stamp}_shuffled"})
     overs = {label: rl_overrides(name, model, a.output_dir, [*seed, *a.overrides]) for label, name in runs.items()}
@@ -127,7 +165,8 @@ def main() -> int:
     print_table(graded, scores)
     print("\ntimes: " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     rl_dir = REPO / graded.run.output_dir / graded.run.name
-    summary = {"task": graded.task.name, "seed": a.seed, "scores": scores, "times": times}
+    print(f"SFT gate: data order {gate['order']}, validation accuracy {gate['accuracy']:.3f} at step {gate['steps']}")
+    summary = {"task": graded.task.name, "seed": gate["order"], "gate": gate, "scores": scores, "times": times}
     (rl_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {rl_dir / 'demo_summary.json'}")
     return 0
