@@ -136,9 +136,9 @@ class PromptAllocator:
     @classmethod
     def from_config(cls, rollout, state: dict | None) -> PromptAllocator | None:
         """rollout.allocation: per_prompt's allocator (`state`: a checkpoint's), or None for the fixed split."""
-        if rollout.allocation != "per_prompt":
-            return None
         r = rollout
+        if r.allocation != "per_prompt":
+            return None
         return cls(r.group_size, r.allocation_first, r.allocation_k_max, r.allocation_ratio, state)
 
     def __init__(self, group_size: int, first: int, k_max: int, ratio: float, state: dict | None = None):

@@ -88,12 +88,13 @@ def allocate_step(run: Run, step: int, first: Scored, meter: Meter, timer: Phase
     group_of, rewards = _groups_by_prompt(given), first.batch.groups.split(first.rewards)
     first_rewards = [rewards[g] if g is not None else [] for g in group_of]
     ks = a.plan(idx, first_rewards)
+    extra = [k - g for k, g in zip(ks, given, strict=True)]  # what each prompt still needs
     seed = sampling_seed(run.cfg.train.seed, run.info.rank, step, 0, part=1)
     with timer("generate"):
-        more = generate_counts(run, idx, [k - g for k, g in zip(ks, given, strict=True)], seed)
+        more = generate_counts(run, idx, extra, seed)
     with timer("score"):
         rest = score_batch(run, more) if len(more.rollouts) else None
-    more_of = _groups_by_prompt([k - g for k, g in zip(ks, given, strict=True)])
+    more_of = _groups_by_prompt(extra)
     parts = [select_groups(src, [g]) for p in range(len(idx)) for src, g in ((first, group_of[p]), (rest, more_of[p]))
              if g is not None]  # fmt: skip
     out = concat(parts, [k for k in ks if k])
