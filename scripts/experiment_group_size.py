@@ -15,14 +15,20 @@ seeds, min-max band).
 --arms compares ways of spending the budget (issue 52, item 5) instead of the Ks alone, each arm a name:
   k<K>        the fixed split: N/K prompts of K completions;
   dyn:k<K>    the same with rollout.dynamic_sampling (its refills counted as completions spent);
-  alloc:k<K>  rollout.allocation: per_prompt over N/K prompts (N completions a step, unequal groups).
+  alloc:k<K>  rollout.allocation: per_prompt over N/K prompts (N completions a step, unequal groups);
+  auto:k<K>   rollout.group_size_auto from K: the split follows the advisor at checkpoints (ckpt.every=10).
 Completions spent are what each run generated (rollout/completions_generated where logged). The forecast's error at
 step 50 (probe/forecast/final_reward against the final evaluation) is reported for every arm.
+
+--task rg:<dataset> runs a reasoning-gym dataset of the survey's (scripts/survey_reasoning_gym.py CANDIDATES:
+spell_backward, basic_arithmetic, ...) instead of string reversal: the survey's ungated SFT (600 steps, cosine) as
+the shared warm start, then cfg/spell_cpu.yaml's RL with the dataset put in (refills only in the dyn arms).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -32,6 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))  # the reasoning-gym demo's and survey's helpers
 EVAL_KEY = "eval/reward_mean"  # greedy held-out mean reward (the demo's headline number)
 
 
@@ -44,7 +51,23 @@ def rows_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def warm_start(out: Path) -> Path:
+def rg_task(task: str) -> list[str]:
+    """The overrides that put reasoning-gym dataset `task` ('rg:<dataset>') into the SFT and RL configs."""
+    from demo_reasoning_gym import task_overrides
+    from survey_reasoning_gym import CANDIDATES
+
+    found = [c for c in CANDIDATES if c[0] == task.removeprefix("rg:")]
+    if not found:
+        raise SystemExit(f"--task {task}: one of reverse, {', '.join('rg:' + c[0] for c in CANDIDATES)}")
+    return task_overrides(*found[0])
+
+
+def warm_start(out: Path, task: str) -> Path:
+    if task != "reverse":  # the survey's ungated SFT on the dataset
+        from demo_reasoning_gym import SURVEY, sft
+
+        model = out / "rg_sft" / "final_model"
+        return model if (model / "config.json").exists() else sft("rg", [*SURVEY, *rg_task(task)], str(out))
     model = out / "sft" / "final_model"
     if not (model / "config.json").exists():
         py = sys.executable
@@ -61,6 +84,7 @@ ARM_OVERRIDES = {
     "k": [],
     "dyn": ["rollout.dynamic_sampling=true"],
     "alloc": ["rollout.allocation=per_prompt", "probe.advisor=false"],  # the advisor reads equal groups only
+    "auto": ["rollout.group_size_auto=true", "ckpt.every=10"],  # it switches at checkpoint boundaries
 }
 
 
@@ -68,7 +92,7 @@ def parse_arm(arm: str) -> tuple[str, int]:
     """'k4' -> ('k', 4); 'dyn:k8' -> ('dyn', 8)."""
     mode, _, k = arm.rpartition(":")
     if not k.startswith("k") or not k[1:].isdigit() or (mode or "k") not in ARM_OVERRIDES:
-        raise ValueError(f"arm {arm!r}: k<K>, dyn:k<K> or alloc:k<K>")
+        raise ValueError(f"arm {arm!r}: k<K>, dyn:k<K>, alloc:k<K> or auto:k<K>")
     return mode or "k", int(k[1:])
 
 
@@ -99,12 +123,16 @@ def one_run(out: Path, model: Path, arm: str, seed: int, args, extra: list[str])
         *extra,
     ]
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "rl_training.runners.rl_runner", "--cfg", "cfg/tiny_cpu.yaml", *overrides]
+    rl_cfg, task = ("cfg/tiny_cpu.yaml", []) if args.task == "reverse" else ("cfg/spell_cpu.yaml", rg_task(args.task))
+    no_refill = [] if mode == "dyn" else ["rollout.dynamic_sampling=false"]  # cfg/spell_cpu.yaml refills
+    overrides = [*task, *no_refill, *overrides]
+    cmd = [sys.executable, "-m", "rl_training.runners.rl_runner", "--cfg", rl_cfg, *overrides]
     sh(cmd, out / f"{name}.log")
     rows = rows_of(out / name)
     spent, evals = 0.0, []
-    for r in rows:
-        spent += r.get("rollout/completions_generated", args.completions)
+    for r in rows:  # group_size_auto: B K of the split (at most the budget)
+        split = r.get("rollout/prompts_per_step", b) * r.get("rollout/group_size", k)
+        spent += r.get("rollout/completions_generated", split)
         if EVAL_KEY in r:
             evals.append((spent, r[EVAL_KEY]))
     forecast = [
@@ -146,7 +174,15 @@ def one_run(out: Path, model: Path, arm: str, seed: int, args, extra: list[str])
             r.get("probe/advisor/cost_prompt_s", nan) / r.get("probe/advisor/cost_rollout_s", nan) for r in late
         ),
         "spent": spent,
+        "k_final": rows[-1].get("rollout/group_size", k),
+        "switches": switches(rows, k),
     }
+
+
+def switches(rows: list[dict], k: int) -> list[tuple[int, int]]:
+    """(step, new K) wherever rollout.group_size_auto changed the split."""
+    ks = [(r["step"], r.get("rollout/group_size", k)) for r in rows]
+    return [(step, kk) for (_, prev), (step, kk) in itertools.pairwise(ks) if kk != prev]
 
 
 def spread(xs: list[float]) -> str:
@@ -213,6 +249,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--forecast-at", type=int, default=50, help="the step whose forecast is scored (probe.forecast_from)"
     )
+    ap.add_argument("--task", default="reverse", help="reverse, or rg:<dataset> (a reasoning-gym dataset)")
     ap.add_argument("--out", default="runs/k_experiment")
     ap.add_argument("--plot", default="", help="e.g. docs/assets/group_size.png")
     args, extra = ap.parse_known_args(argv)
@@ -225,13 +262,13 @@ def main(argv=None) -> int:
     out = (REPO / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RL_CPU_THREADS", "1")
-    model = warm_start(out)
+    model = warm_start(out, args.task)
     results = []
     for seed in seeds:
         for arm in arms:
             r = one_run(out, model, arm, seed, args, extra)
             print(f"{arm} seed={seed}: final {r['final']:.3f} after {r['spent']:.0f} completions, advisor K* "
-                  f"{r['k_star_late_median']} ({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+                  f"{r['k_star_late_median']}, switches {r['switches']}, {r['seconds']:.0f} s", flush=True)  # fmt: skip
             results.append(r)
             summary = {"args": vars(args), "extra": extra, "runs": results}
             (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -49,7 +49,16 @@ class RolloutCfg:
     )
     backend_args: dict[str, Any] = _f({}, "Keyword arguments of a user backend's class or factory (a mapping).")
     prompts_per_step: int = _f(16, "Prompt groups per optimizer step, summed over ranks.", ge=1)
-    group_size: int = _f(8, "Completions per prompt (G).", ge=2)
+    group_size: int = _f(8, "Completions per prompt (G); with group_size_auto, the first split's.", ge=2)
+    group_size_auto: bool = _f(
+        False,
+        "rollout.group_size: auto. At checkpoint boundaries the step's budget of prompts_per_step x group_size "
+        "completions is split again as the rollout-budget advisor recommends, where it is trusted and the current "
+        "group_size lies outside its K* band; prompts per step follow (rl_training/probes/group_size.py; "
+        "docs/probes.md 10.9). Needs probe.advisor.",
+    )
+    group_size_min: int = _f(2, "group_size_auto: the smallest group size it may choose.", ge=2)
+    group_size_max: int = _f(0, "group_size_auto: the largest group size it may choose; 0 = 2 x group_size.", ge=0)
     max_new_tokens: int = _f(32, "Generation limit; also the Dr-GRPO normaliser's length.", ge=1)
     min_new_tokens: int = _f(
         0,

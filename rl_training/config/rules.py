@@ -100,6 +100,8 @@ def check_combinations(cfg: Config, where: str = "", training: bool = True) -> N
         )
     if training and cfg.rollout.allocation == "per_prompt":
         check_per_prompt(cfg, where)
+    if training and cfg.rollout.group_size_auto:
+        check_group_size_auto(cfg, where)
     if training and cfg.rollout.dynamic_sampling and cfg.loss.kl_coef > 0:
         raise ConfigError(
             f"{where}rollout.dynamic_sampling=true with loss.kl_coef={cfg.loss.kl_coef}: a group whose rewards tie "
@@ -210,6 +212,24 @@ def check_per_prompt(cfg: Config, where: str = "") -> None:
         (cfg.probe.advisor, "probe.advisor: the advisor's ANOVA reads groups of one size (issue 52)"),
         (r.allocation_first > k_max, f"rollout.allocation_first={r.allocation_first} over the k_max of {k_max}"),
         (k_max < 2, "rollout.allocation_k_max=1: a group needs 2 completions to teach anything"),
+    ]  # fmt: skip
+    for bad, why in clash:
+        if bad:
+            raise ConfigError(f"{head} with {why}")
+
+
+def check_group_size_auto(cfg: Config, where: str = "") -> None:
+    """rollout.group_size_auto follows the advisor's K* at checkpoint boundaries (probes/group_size.py)."""
+    r, head = cfg.rollout, f"{where}rollout.group_size_auto=true"
+    k_max = r.group_size_max or 2 * r.group_size
+    clash = [
+        (not (cfg.probe.enabled and cfg.probe.advisor), "probe.advisor off: the advisor's K* is what it follows"),
+        (not cfg.ckpt.every, "ckpt.every=0: it switches at checkpoint boundaries, so that a resume trains the same"),
+        (r.allocation == "per_prompt", "rollout.allocation=per_prompt: both choose the step's group sizes"),
+        (r.max_async_level > 0, "rollout.max_async_level > 0: a producer thread would sample steps ahead of a switch"),
+        (k_max < r.group_size_min, f"rollout.group_size_max={k_max} < rollout.group_size_min={r.group_size_min}"),
+        (not r.group_size_min <= r.group_size <= k_max,
+         f"rollout.group_size={r.group_size} outside [group_size_min, group_size_max] = [{r.group_size_min}, {k_max}]"),
     ]  # fmt: skip
     for bad, why in clash:
         if bad:

@@ -434,13 +434,20 @@ def derive(cfg: Config, world_size: int) -> Derived:
             f"prompt groups per rank ({groups} = rollout.prompts_per_step / world size) is not "
             f"divisible by train.micro_batch_groups={t.micro_batch_groups}"
         )
-    return Derived(
-        world_size=world_size,
+    out = Derived(world_size, 0, 0, 0, 0, Path(cfg.run.output_dir) / cfg.run.name)
+    return with_split(out, r.prompts_per_step, r.group_size, t.micro_batch_groups)
+
+
+def with_split(d: Derived, prompts_per_step: int, group_size: int, micro_batch_groups: int) -> Derived:
+    """`d` for a step of `prompts_per_step` prompts of `group_size` completions (rollout.group_size_auto changes
+    the split during a run; the caller keeps prompts_per_step a multiple of world size x micro_batch_groups)."""
+    groups = prompts_per_step // d.world_size
+    return dataclasses.replace(
+        d,
         groups_per_rank=groups,
-        seqs_per_rank=groups * r.group_size,
-        accum_steps=groups // t.micro_batch_groups,
-        micro_batch_seqs=t.micro_batch_groups * r.group_size,
-        run_dir=Path(cfg.run.output_dir) / cfg.run.name,
+        seqs_per_rank=groups * group_size,
+        accum_steps=groups // micro_batch_groups,
+        micro_batch_seqs=micro_batch_groups * group_size,
     )
 
 

@@ -84,6 +84,7 @@ class RolloutBudget:
         measured_every: int = 1,
     ):
         self.K, self.units, self.world = group_size, units_per_step, world_size
+        self.n = group_size * units_per_step  # the step's completion budget, which set_split keeps
         self.exact_zero, self.b_multiple, self.device = exact_zero, b_multiple, device
         self.k_max = max(K_MAX, group_size)
         # The ANOVA updates only on the steps the unit level measures (every `measured_every`-th, probe.unit_every).
@@ -95,6 +96,11 @@ class RolloutBudget:
         self.costs = _Ema(ema_beta, 2)  # (c_p, c_r) seconds
         self.last = None  # this step's AnovaEstimate (None: not measured or not identifiable)
         self.begin_step(torch.zeros(0), [])
+
+    def set_split(self, units_per_step: int, group_size: int) -> None:
+        """rollout.group_size_auto: later steps have `units_per_step` groups of `group_size` (all ranks); the advice
+        stays for the budget (B* completions_per_step // K*)."""
+        self.units, self.K = units_per_step, group_size
 
     # ----------------------------------------------------------------------------------- the step
     def begin_step(self, advantages: torch.Tensor, rewards) -> None:
@@ -182,12 +188,12 @@ class RolloutBudget:
             st.trusted,
             costs,
             current_k=self.K,
-            completions_per_step=self.units * self.K,
+            completions_per_step=self.n,
             b_multiple=self.b_multiple,
         )
         e = st.estimate
         ok = e["trace_between"] > 0 and c_r > 0
-        no_waste = SplitCosts(c_p, c_r, k_max=min(self.k_max, self.units * self.K))
+        no_waste = SplitCosts(c_p, c_r, k_max=min(self.k_max, self.n))
         return {
             "probe/advisor/k_star": a.k_star,
             "probe/advisor/b_star": a.b_star,

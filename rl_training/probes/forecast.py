@@ -109,6 +109,13 @@ class RunForecast:
         self.spent: float = float(state.get("spent", 0.0))
         self.points: list[tuple[float, float]] = [tuple(p) for p in state.get("points", [])]
 
+    @classmethod
+    def from_config(cls, cfg, state: dict | None) -> RunForecast:
+        """From probe.forecast_from (off without in-loop evals), the planned steps and the configured split."""
+        r = cfg.rollout
+        start = cfg.probe.forecast_from if cfg.eval.every else 0
+        return cls(start, cfg.train.total_steps, r.prompts_per_step * r.group_size, state)
+
     def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """`step`: completed steps; the forecast's metrics when it is due, else {}."""
         self.spent += float(metrics.get("rollout/completions_generated", self.per_step))

@@ -314,6 +314,11 @@ class GNSTracker:
         self.levels.setdefault(level, GNSState(beta=self.beta)).update(est)
         self.last[level] = est
 
+    def restart(self) -> None:
+        """Every level's EMA from scratch (the skipped counts stay)."""
+        self.levels = {k: GNSState(beta=self.beta, skipped=v.skipped) for k, v in self.levels.items()}
+        self.last = {}
+
     def state_dict(self) -> dict:
         return {"beta": self.beta, "levels": {k: vars(v).copy() for k, v in self.levels.items()}}
 

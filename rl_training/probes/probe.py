@@ -93,6 +93,8 @@ class NullProbes:
     def metrics(self, work: StepWork | None = None) -> dict[str, float]:
         return {}
 
+    def regroup(self, units_per_step: int, group_size: int, restart: bool) -> None: ...
+
     def state_dict(self) -> None:
         return None
 
@@ -122,19 +124,16 @@ class StepProbes:
         # counted as skipped steps). The micro and rank levels are nearly free and measure every step.
         self.unit_every = unit_every
         self.unit_on = "unit" in self.levels
-        self.params, self.device = params, torch.device(device)
-        self.units, self.world = units_per_step, world_size
-        self.multiple = world_size * micro_batch_groups
+        self.model, self.params, self.device = model, params, torch.device(device)
+        self.units, self.world, self.multiple = units_per_step, world_size, world_size * micro_batch_groups
         self.tracker = GNSTracker(beta=ema_beta)
         self.step_time = step_time  # (t_f, t_u) of step time = t_f + t_u * B; zeros = unknown (no B*)
         hold = math.ceil(1 / (1 - ema_beta)) if ema_beta < 1 else 1
         self.rec_simple, self.rec_star = Hysteresis(hold), Hysteresis(hold)
-        self.model = model
         self.budget = budget if self.unit_on else None  # the ANOVA reads the unit level's capture
         self.micro_cap = self.unit_cap = None
         self.install_hooks()
-        self.hook_errors = 0
-        self.invalid_streak = 0
+        self.hook_errors = self.invalid_streak = 0
         self.ess_history: deque[float] = deque(maxlen=50)  # recent mismatch ESS values for the drop alert
         self.guard = ProbeGuard()
         self.failures_total = 0.0  # probe/failures of the last step: all ranks, since the start of the run
@@ -153,6 +152,16 @@ class StepProbes:
             if cap is not None:
                 cap.remove()
         self.micro_cap = self.unit_cap = None
+
+    def regroup(self, units_per_step: int, group_size: int, restart: bool) -> None:
+        """rollout.group_size_auto: later steps have `units_per_step` groups of `group_size` (all ranks). `restart` (a
+        switch, not a resume): the GNS restarts (a new unit); the advisor's estimates go on (docs/probes.md 10.9)."""
+        self.units = units_per_step
+        if self.budget:
+            self.budget.set_split(units_per_step, group_size)
+        if restart:
+            self.tracker.restart()
+            self.rec_simple, self.rec_star = Hysteresis(self.rec_simple.hold), Hysteresis(self.rec_star.hold)
 
     # -------------------------------------------------------------------------------------- step
     def _reset(self, groups: Groups | int, completion_lengths: list[int]) -> None:
@@ -349,8 +358,7 @@ class StepProbes:
             self.kish["ppo"] += ess_math.log_kish(logp.detach().double() - old_logp.double(), mb.mask)
 
     def lora_health(self, model) -> dict[str, float]:
-        """LoRA health (lora_health.py) on this rank, under the guard like every probe: a failure is counted in the
-        next step's probe/failures and reported once, and the step logs no lora/* values."""
+        """LoRA health (lora_health.py) under the guard: a failure counts in probe/failures; no lora/* that step."""
         with self.guard("lora_health"):
             return lora_health(model)
         return {}
@@ -478,17 +486,13 @@ class StepProbes:
     def load_state_dict(self, d: dict) -> None:
         """Continue from `state_dict()`. A checkpoint saved with another gns_ema_beta: the configured beta wins
         and the GNS EMAs restart (mixed betas would break the bias correction and N_eff), with a warning."""
-        saved_beta = d["gns"]["beta"]
         if not self.tracker.load_state_dict(d["gns"]):
             dist.print0(
-                f"probe: checkpoint has probe.gns_ema_beta={saved_beta}, config has {self.tracker.beta}; "
+                f"probe: checkpoint has probe.gns_ema_beta={d['gns']['beta']}, config has {self.tracker.beta}; "
                 "keeping the configured beta and restarting the GNS EMAs (B_simple warms up again)"
             )
-        for name in ("rec_simple", "rec_star"):
-            h = getattr(self, name)
-            h.value, h.since = d[name]["value"], d[name]["since"]
-        self.ess_history.clear()
-        self.ess_history.extend(d["ess_history"])
+        self.rec_simple, self.rec_star = (Hysteresis(self.rec_simple.hold, **d[k]) for k in ("rec_simple", "rec_star"))
+        self.ess_history = deque(d["ess_history"], maxlen=self.ess_history.maxlen)
         self.invalid_streak, self.hook_errors = d["invalid_streak"], d["hook_errors"]
         if self.budget and d.get("budget"):  # a checkpoint from before the advisor (or without it) starts it fresh
             self.budget.load_state_dict(d["budget"])

@@ -1,6 +1,7 @@
 """A step's batch on this rank: its prompts generated (generate_step: what the async producer runs), graded
 (score_batch), refilled where its groups tie (refill_step: rollout.dynamic_sampling, rollout/refill.py) and shaped
-(shaped_rewards). rl_runner.rl_step calls them in that order."""
+(shaped_rewards). rl_runner.rl_step calls them in that order. The split of the step's completions into B prompts of
+K: switch_split at checkpoint boundaries (rollout.group_size_auto, probes/group_size.py), apply_split after it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from rl_training.algs.shaping import overlong_penalty
 from rl_training.base import dist
 from rl_training.base.meter import Meter
 from rl_training.base.timer import PhaseTimer
+from rl_training.config.schema import with_split
+from rl_training.probes.budget import StepWork
 from rl_training.rollout.base import Rollouts, SamplingSpec, StepBatch
 from rl_training.rollout.refill import RefillStats, Scored, concat, refill, select_groups
 from rl_training.tasks.base import score_completions
@@ -20,11 +23,37 @@ if TYPE_CHECKING:
     from rl_training.runners.rl_runner import Run
 
 
+def switch_split(run: Run, step: int) -> None:
+    """rollout.group_size_auto at a checkpoint boundary: the split (B, K) from 0-based step `step` on, where the
+    trusted advisor's K* band excludes the current K (probes/group_size.py); rank 0's decision on every rank."""
+    b, k = run.sampler.split(step)
+    new = dist.broadcast_object(run.auto.decide(k))
+    if new is None:
+        return
+    run.sampler = run.sampler.switched(step, *new)
+    apply_split(run, step, restart=True)
+    a = run.auto.advice
+    dist.print0(
+        f"[step {step}] rollout.group_size_auto: group size {k} -> {new[1]}, prompts per step {b} -> {new[0]} "
+        f"(advisor K* {a['probe/advisor/k_star']:g}, band [{a['probe/advisor/k_lo']:g}, {a['probe/advisor/k_hi']:g}])"
+    )
+
+
+def apply_split(run: Run, step: int, restart: bool = False) -> None:
+    """What follows the split of 0-based step `step`: the batch geometry, the normaliser's sequence count, the
+    probes' units (`restart`, at a switch: the GNS starts again) and the forecast's completions per step."""
+    b, k = run.sampler.split(step)
+    run.derived = with_split(run.derived, b, k, run.cfg.train.micro_batch_groups)
+    run.learner.seqs_per_rank = run.derived.seqs_per_rank
+    run.probes.regroup(b, k, restart)
+    run.forecast.per_step = b * k
+
+
 def generate_step(run: Run, step: int, refill_round: int = 0, n_prompts: int = 0) -> StepBatch:
     """This rank's prompts of step `step` and their G completions each: the one call that makes a step's batch.
     With rollout.max_async_level > 0 the producer thread runs it, so it calls no collective. `refill_round` > 0:
     `n_prompts` more prompts for that round of dynamic sampling (rollout/refill.py), with their own seeds."""
-    cfg, G = run.cfg, run.cfg.rollout.group_size
+    cfg, G = run.cfg, run.sampler.split(step)[1]  # rollout.group_size, or the split group_size_auto chose
     if refill_round:
         idx = run.sampler.refill_indices(step, run.info.rank, refill_round, n_prompts)
     else:
@@ -117,6 +146,26 @@ def _groups_by_prompt(counts: list[int]) -> list[int | None]:
         out.append(g if c else None)
         g += bool(c)
     return out
+
+
+def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool, drawn: RefillStats | None = None) -> StepWork:
+    """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py); `prompt_once`: the
+    backend prefills a group's prompt once (its prefix cache: rollout/kinds.py). With dynamic sampling (`drawn`) the
+    generate and score phases made every drawn group, trained or not: the costs are per generated prompt and
+    completion, not per trained one."""
+    prompts, completions = len(batch.indices), len(batch.rollouts)
+    prompt_tokens, completion_tokens = batch.token_counts()
+    if drawn is not None:
+        prompts, completions = prompts + drawn.prompts, drawn.completions_generated
+        prompt_tokens, completion_tokens = drawn.prompt_tokens_generated, drawn.completion_tokens_generated
+    return StepWork(
+        seconds=dict(timer.seconds),
+        prompts=prompts,
+        completions=completions,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        prompt_once=prompt_once,
+    )
 
 
 def shaped_rewards(run: Run, meter: Meter, ro, rewards: list[float]) -> list[float]:

@@ -45,10 +45,11 @@ from rl_training.metrics.step import measure_step
 from rl_training.metrics.wandb_log import make_wandb
 from rl_training.policy.models import assert_only_adapter_trainable, build_policy, trainable_parameters
 from rl_training.probes.allocation import PromptAllocator
-from rl_training.probes.budget import RolloutBudget, StepWork
+from rl_training.probes.budget import RolloutBudget
 from rl_training.probes.dashboard import ALERT_TEXT
 from rl_training.probes.dashboard import custom_scalar_layout as probe_tb_layout
 from rl_training.probes.forecast import RunForecast
+from rl_training.probes.group_size import GroupSizeAuto, segments_of
 from rl_training.probes.lora_health import lora_health_due
 from rl_training.probes.probe import NullProbes, StepProbes
 from rl_training.rollout.async_queue import make_rollouts, past_versions, version_metrics
@@ -56,9 +57,17 @@ from rl_training.rollout.base import RolloutBackend, StepBatch
 from rl_training.rollout.episodes import max_trainable_tokens
 from rl_training.rollout.factory import build_rollout, versioned
 from rl_training.rollout.kinds import BackendKind, backend_kind
-from rl_training.rollout.refill import RefillStats
 from rl_training.runners.monitor import advice_line
-from rl_training.runners.rl_batch import allocate_step, generate_step, refill_step, score_batch, shaped_rewards
+from rl_training.runners.rl_batch import (
+    allocate_step,
+    apply_split,
+    generate_step,
+    refill_step,
+    score_batch,
+    shaped_rewards,
+    step_work,
+    switch_split,
+)
 from rl_training.runtime.cli import run_cli
 from rl_training.runtime.lifeline import tie_to_launcher
 from rl_training.runtime.lock import locked
@@ -106,6 +115,7 @@ class Run:
     advised_k_star: float | None = None  # the K* report_advice last printed
     rollouts: Any = None  # SyncRollouts or AsyncRollouts (rollout/async_queue.py): get(step) -> StepBatch
     allocator: PromptAllocator | None = None  # rollout.allocation: per_prompt (probes/allocation.py)
+    auto: GroupSizeAuto | None = None  # rollout.group_size_auto (probes/group_size.py)
 
 
 def gns_levels(requested: list[str], gradient_checkpointing: bool, accum_steps: int, world: int) -> list[str]:
@@ -180,7 +190,6 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         dist.print0(f"data: dropped {dupes} repeated problems from {cfg.data.train} (one prompt per step, P7)")
     prompts = encode_prompts(examples, cfg.data, tokenizer, task)
     evaluator = InLoopEval(cfg, tokenizer, info, derived.run_dir, task) if cfg.eval.every else None
-    sampler = PromptSampler(len(examples), cfg.rollout.prompts_per_step, info.world_size, cfg.train.seed)
     seed_all(cfg.train.seed + info.rank)  # per-rank sampling streams
     start_step, resumed_state = 0, {}
     if resume_from is not None:
@@ -188,6 +197,8 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         start_step, resumed_state = restored.step, restored.trainer_state
         assert_only_adapter_trainable(model)
         dist.print0(f"resumed from {resume_from} at step {start_step}")
+    auto_state = resumed_state.get("group_size_auto")  # the splits so far (rollout.group_size_auto)
+    sampler = PromptSampler.from_config(cfg, len(examples), info.world_size, segments_of(auto_state))
     rng = rng_state()  # building a vLLM engine reseeds the global RNGs; keep the restored or seeded streams
     task.start(task_context(info, tokenizer, cfg))  # a sandbox pool, a retriever: fails here if the node cannot
     backend = build_rollout(cfg, model, tokenizer, info, task, start_step)  # an Environment's episodes
@@ -229,15 +240,13 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=kind.canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
-        forecast=RunForecast(
-            cfg.probe.forecast_from if cfg.eval.every else 0,
-            cfg.train.total_steps,
-            cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-            resumed_state.get("forecast"),
-        ),
+        forecast=RunForecast.from_config(cfg, resumed_state.get("forecast")),
         samples=StepSamples(cfg.run, cfg.train.seed, tokenizer, derived.run_dir, info.is_main, start_step),
         allocator=PromptAllocator.from_config(cfg.rollout, resumed_state.get("allocation")),
+        auto=GroupSizeAuto.from_config(cfg, info.world_size, len(examples), auto_state),
     )
+    if sampler.segments:  # a resumed run past a switch: the split of its first step
+        apply_split(run, start_step)
     K = cfg.rollout.max_async_level  # > 0: a producer thread starts generating here (rollout/async_queue.py)
     pin = versioned(backend, cfg).pinned if K else None
     run.rollouts = make_rollouts(lambda t: generate_step(run, t), K, start_step, cfg.train.total_steps, pin)
@@ -278,6 +287,9 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
     with timer("generate"):  # async: only the wait for the producer's batch
         batch = run.rollouts.get(step)
     meter.ready({**run.rollouts.metrics(), **version_metrics(step, batch.rollouts.policy_version)})
+    if run.auto:  # the split the step generated (rollout.group_size_auto)
+        meter.add("rollout/prompts_per_step", len(batch.indices))
+        meter.mean("rollout/group_size", len(batch.rollouts), per=len(batch.indices))
     with timer("score"):
         scored = score_batch(run, batch)
     drawn = None  # dynamic sampling: what the step generated, refills included
@@ -306,26 +318,6 @@ def rl_step(run: Run, step: int) -> dict[str, float]:
         gaps = dict(zip(learned.rows, meter.kept.get("logp_gap", []), strict=True))
         run.samples(step + 1, batch, scores, learned.advantages, gaps, run.logger)
     return metrics
-
-
-def step_work(batch: StepBatch, timer: PhaseTimer, prompt_once: bool, drawn: RefillStats | None = None) -> StepWork:
-    """What this rank's step spent so far (the rollout-budget advisor's costs, probes/budget.py); `prompt_once`: the
-    backend prefills a group's prompt once (its prefix cache: rollout/kinds.py). With dynamic sampling (`drawn`) the
-    generate and score phases made every drawn group, trained or not: the costs are per generated prompt and
-    completion, not per trained one."""
-    prompts, completions = len(batch.indices), len(batch.rollouts)
-    prompt_tokens, completion_tokens = batch.token_counts()
-    if drawn is not None:
-        prompts, completions = prompts + drawn.prompts, drawn.completions_generated
-        prompt_tokens, completion_tokens = drawn.prompt_tokens_generated, drawn.completion_tokens_generated
-    return StepWork(
-        seconds=dict(timer.seconds),
-        prompts=prompts,
-        completions=completions,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        prompt_once=prompt_once,
-    )
 
 
 def step_metrics(
@@ -370,6 +362,7 @@ def checkpoint(run: Run, step: int) -> None:
             "forecast": run.forecast.state_dict(),
             "best": run.best.state_dict(),
             "allocation": run.allocator.state_dict() if run.allocator else None,
+            "group_size_auto": run.auto.state_dict(run.sampler.segments) if run.auto else None,
         },
         run.cfg.ckpt.keep_last,
         # async: the adapters the queued batches sampled, which a resume must serve again
@@ -428,6 +421,8 @@ def train(run: Run, stop: StopOnSignal) -> int:
             return STOPPED_EXIT_CODE
         metrics = {**rl_step(run, step), **maybe_eval(run, step + 1)}
         metrics |= run.drift.observe(step + 1, metrics) | run.forecast.observe(step + 1, metrics)
+        if run.auto:
+            run.auto.observe(metrics)
         run.logger.log(step + 1, {**metrics, **run.syncer.metrics()})
         faults.point("loop.after_log")
         run.skips.check(step + 1, f"the checkpoint at step {saved}" if saved else "no checkpoint was written")
@@ -446,6 +441,8 @@ def train(run: Run, stop: StopOnSignal) -> int:
         bar.update(step + 1, metrics["perf/step_s"], reward=metrics["rollout/reward_mean"], **kl)
         improved = run.best.observe(step + 1, metrics)  # agreed: eval and step metrics are the same on every rank
         if (every and (step + 1) % every == 0) or step + 1 == total or improved:
+            if run.auto and step + 1 < total:  # before the save: the checkpoint holds the split it chose
+                switch_split(run, step + 1)
             checkpoint(run, step + 1)
             saved = step + 1
     bar.close()

@@ -89,9 +89,9 @@ def test_no_refill_when_every_group_is_informative():
 
 
 def test_refill_prompts_are_a_pure_function_of_seed_step_rank_and_round():
-    s = PromptSampler(n=50, prompts_per_step=8, world_size=2, seed=3)
+    s = PromptSampler(n=50, prompts_per_step=8, group_size=4, world_size=2, seed=3)
     a = s.refill_indices(step=7, rank=1, round_=2, n=6)
-    assert a == PromptSampler(50, 8, 2, 3).refill_indices(7, 1, 2, 6)  # a resumed run draws the same
+    assert a == PromptSampler(50, 8, 4, 2, 3).refill_indices(7, 1, 2, 6)  # a resumed run draws the same
     assert len(set(a)) == 6 and all(0 <= i < 50 for i in a)
     others = [s.refill_indices(7, 0, 2, 6), s.refill_indices(7, 1, 1, 6), s.refill_indices(8, 1, 2, 6)]
     assert all(o != a for o in others)
@@ -124,10 +124,10 @@ def test_the_normaliser_is_the_configured_constant_so_a_refilled_step_is_n_over_
 
 
 def test_the_advisors_costs_count_what_the_step_generated():
-    """rl_runner.step_work: with dynamic sampling the generate phase made every drawn group (the batch's 2 and the
+    """rl_batch.step_work: with dynamic sampling the generate phase made every drawn group (the batch's 2 and the
     refill's 3), so the advisor's per-prompt and per-completion costs divide by those, not by the 2 trained."""
     from rl_training.probes.budget import split_seconds
-    from rl_training.runners.rl_runner import step_work
+    from rl_training.runners.rl_batch import step_work
 
     first = scripted([0, 1], [1, 1, 0, 1])  # group 0 ties: one refill round of ceil(1 * 2 / 1) = 2 prompts
 

@@ -144,12 +144,12 @@ def test_the_prompt_format_belongs_to_the_task_and_the_chat_template_to_the_toke
 
 
 def test_sampler_shards_are_disjoint_and_deterministic():
-    s = PromptSampler(n=103, prompts_per_step=8, world_size=2, seed=5)
+    s = PromptSampler(n=103, prompts_per_step=8, group_size=4, world_size=2, seed=5)
     assert s.steps_per_epoch == 12  # 103 // 8, the remainder of each epoch is dropped
     for step in (0, 5, 11, 12, 30):
         r0, r1 = s.indices(step, 0), s.indices(step, 1)
         assert len(r0) == len(r1) == 4 and not set(r0) & set(r1)
-        assert r0 == PromptSampler(103, 8, 2, 5).indices(step, 0)  # a pure function of (seed, step, rank)
+        assert r0 == PromptSampler(103, 8, 4, 2, 5).indices(step, 0)  # a pure function of (seed, step, rank)
     epoch0 = [i for step in range(12) for r in (0, 1) for i in s.indices(step, r)]
     assert len(set(epoch0)) == 96  # no prompt twice within an epoch
     assert s.indices(12, 0) != s.indices(0, 0)  # a new permutation each epoch
@@ -173,7 +173,7 @@ def test_repeated_questions_are_dropped_keeping_the_first():
 
 def test_sampler_rejects_tiny_dataset():
     with pytest.raises(DataError, match="dataset has 3 prompts < rollout.prompts_per_step=4"):
-        PromptSampler(3, 4, 1, 0)
+        PromptSampler(3, 4, 2, 1, 0)
 
 
 # ------------------------------------------------------------------------------------------------ rewards
