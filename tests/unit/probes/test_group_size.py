@@ -16,6 +16,7 @@ from rl_training.config.fields import ConfigError
 from rl_training.config.load import load_config
 from rl_training.config.schema import derive, with_split
 from rl_training.data.prompts import PromptSampler
+from rl_training.probes.anova import AnovaEstimate
 from rl_training.probes.budget import RolloutBudget
 from rl_training.probes.group_size import GroupSizeAuto, choose_k, prompts_for, segments_of
 
@@ -153,8 +154,16 @@ def test_a_budget_given_a_new_split_reads_groups_of_that_size():
         b.update([*(float(x) for x in b.local_sums())], q=0.3, valid=True)
     assert moved.last is not None and moved.last == fresh.last  # the same ANOVA as a budget built for K = 8
     assert moved.waste_sum == fresh.waste_sum and moved.groups_local == 4
-    moved.set_split(3, 10)  # 30 completions: the advice is still for the budget of 32
-    assert moved.n == fresh.n == 32
+    # the advice stays for the budget: without waste K* = sqrt((c_p / c_r) tr S_w / tr S_b) = sqrt(1 x 16) = 4 and
+    # B* = 32 // 4 = 8 after a split of 3 x 10 (30 completions would give 7)
+    advised = fed_budget(4, 8)
+    advised.exact_zero = False  # no waste term: the closed form
+    for _ in range(5):
+        advised.state.update(AnovaEstimate(1.0, 16.0, 1.0, 5.0, 8.0, 4))
+    advised.costs.update([1.0, 1.0])
+    advised.set_split(3, 10)
+    out = advised._advice_metrics()
+    assert (out["probe/advisor/k_star"], out["probe/advisor/b_star"], out["probe/advisor/k_current"]) == (4, 8, 10)
 
 
 # ------------------------------------------------------------------------------------------------ the config
