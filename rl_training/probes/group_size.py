@@ -66,16 +66,15 @@ class GroupSizeAuto:
         budget, multiple = r.prompts_per_step * r.group_size, world_size * cfg.train.micro_batch_groups
         # On one rank, two micro-batches at least: the GNS micro level needs two small batches per step.
         least = multiple * (2 if world_size == 1 else 1)
-        auto = cls(
+        return cls(
             budget=budget,
             k_min=r.group_size_min,
             k_max=min(r.group_size_max or 2 * r.group_size, max(budget // least, r.group_size_min)),
             multiple=multiple,
             n_prompts=n_prompts,
             least=least,
+            advice=(state or {}).get("advice"),
         )
-        auto.advice = (state or {}).get("advice")
-        return auto
 
     def observe(self, metrics: dict[str, float]) -> None:
         """Keep a step's advice (the advisor reports on the steps the unit level measures)."""
