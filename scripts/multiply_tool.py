@@ -44,6 +44,7 @@ def multiply(a: int, b: int) -> str:
 
 class MultiplyWithTool(ToolEnvironment):
     tools = (multiply,)
+    reward_range = (0.0, 1.0)
 
     def parse(self, record: dict, where: str) -> Example:
         a, b = record.get("a"), record.get("b")

@@ -12,6 +12,12 @@ The fit: for fixed (B, C_mid) the curve is linear in (R0, A), so those two are l
 bootstrap, the fit repeated on the fitted curve plus the residuals resampled with replacement, its quantiles at the
 planned total. A generator seeded with 0 makes the band a function of the data: the same run, the same band.
 Pure numpy; total on any finite input (fewer than MIN_POINTS distinct points: no forecast).
+
+Where the task declares its reward's range (`Task.reward_range`), the forecast, its band and the asymptote are
+clipped to it. For a final reward inside the range that never moves a forecast further from it, and a band covers
+it whenever the unclipped band did (clipping is monotone). Fitting inside the range instead (R0 and A held in
+the box) was tried and is worse: on the recorded run that finds the reversal late, the step-50 forecast fell from
+0.920 to 0.826 against a final 0.947, its band no longer covering the final (docs/probes.md 11).
 """
 
 from __future__ import annotations
@@ -69,10 +75,16 @@ def _fit(s: np.ndarray, y: np.ndarray) -> tuple[int, float, float]:
 
 
 def forecast(
-    completions: Sequence[float], rewards: Sequence[float], c_final: float, band: float = 0.8, boots: int = 200
+    completions: Sequence[float],
+    rewards: Sequence[float],
+    c_final: float,
+    band: float = 0.8,
+    boots: int = 200,
+    bounds: tuple[float, float] | None = None,
 ) -> Forecast | None:
     """The saturating curve through (completions generated, held-out reward) and its value at `c_final`, with the
-    central `band` of the bootstrap; None with fewer than MIN_POINTS finite points at distinct positive C."""
+    central `band` of the bootstrap; None with fewer than MIN_POINTS finite points at distinct positive C. With
+    `bounds` (the reward's range), the forecast, the band and the asymptote are clipped to it."""
     pts = sorted({(float(c), float(r)) for c, r in zip(completions, rewards, strict=True)})
     pts = [(c, r) for c, r in pts if c > 0 and math.isfinite(c) and math.isfinite(r)]
     if len({c for c, _ in pts}) < MIN_POINTS or not (c_final > 0 and math.isfinite(c_final)):
@@ -90,7 +102,10 @@ def forecast(
     bi, br0, ba = _fit(s, ys)
     finals = br0 + (ba - br0) * s_final[bi]
     lo, hi = np.quantile(finals, [(1 - band) / 2, (1 + band) / 2])
-    return Forecast(float(final), float(min(lo, final)), float(max(hi, final)), float(a), float(r0),
+    lo, hi = min(lo, final), max(hi, final)
+    if bounds is not None:
+        final, lo, hi, a = np.clip([final, lo, hi, a], *bounds)
+    return Forecast(float(final), float(lo), float(hi), float(a), float(r0),
                     float(mids[i]), float(exps[i]), len(y))  # fmt: skip
 
 
@@ -101,20 +116,28 @@ class RunForecast:
     """The runner's forecast: every step adds its completions generated (rollout/completions_generated, or the
     step's B x K), every in-loop eval its eval/reward_mean; from step `start` on, an eval step also logs the
     forecast at the planned total (this run's completions per step so far, times its total steps). Its state
-    (the evaluations and the completions so far) is checkpointed, so a resumed run forecasts as the whole would."""
+    (the evaluations and the completions so far) is checkpointed, so a resumed run forecasts as the whole would.
+    `bounds`: the task's reward range (Task.reward_range), None where the task declares none."""
 
-    def __init__(self, start: int, total_steps: int, per_step: int, state: dict | None = None):
-        self.start, self.total, self.per_step = start, total_steps, per_step
+    def __init__(
+        self,
+        start: int,
+        total_steps: int,
+        per_step: int,
+        state: dict | None = None,
+        bounds: tuple[float, float] | None = None,
+    ):
+        self.start, self.total, self.per_step, self.bounds = start, total_steps, per_step, bounds
         state = state or {}
         self.spent: float = float(state.get("spent", 0.0))
         self.points: list[tuple[float, float]] = [tuple(p) for p in state.get("points", [])]
 
     @classmethod
-    def from_config(cls, cfg, state: dict | None) -> RunForecast:
+    def from_config(cls, cfg, state: dict | None, bounds: tuple[float, float] | None = None) -> RunForecast:
         """From probe.forecast_from (off without in-loop evals), the planned steps and the configured split."""
         r = cfg.rollout
         start = cfg.probe.forecast_from if cfg.eval.every else 0
-        return cls(start, cfg.train.total_steps, r.prompts_per_step * r.group_size, state)
+        return cls(start, cfg.train.total_steps, r.prompts_per_step * r.group_size, state, bounds)
 
     def observe(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """`step`: completed steps; the forecast's metrics when it is due, else {}."""
@@ -124,7 +147,7 @@ class RunForecast:
         self.points.append((self.spent, float(metrics["eval/reward_mean"])))
         if step < self.start:
             return {}
-        f = forecast(*zip(*self.points, strict=True), c_final=self.spent / step * self.total)
+        f = forecast(*zip(*self.points, strict=True), c_final=self.spent / step * self.total, bounds=self.bounds)
         if f is None:
             return {}
         return {FINAL: f.final, LO: f.lo, HI: f.hi, "probe/forecast/asymptote": f.asymptote}

@@ -240,7 +240,7 @@ def setup(cfg: Config, info: dist.DistInfo) -> Run:
         weights=WeightGuard(cfg, resumed_state.get("weight_guard"), advice=kind.canary_advice(cfg)),
         drift=DriftGuard(cfg.eval, resumed_state.get("drift")),
         best=BestCheckpoint.from_config(cfg, resumed_state.get("best")),
-        forecast=RunForecast.from_config(cfg, resumed_state.get("forecast")),
+        forecast=RunForecast.from_config(cfg, resumed_state.get("forecast"), task.reward_range),
         samples=StepSamples(cfg.run, cfg.train.seed, tokenizer, derived.run_dir, info.is_main, start_step),
         allocator=PromptAllocator.from_config(cfg.rollout, resumed_state.get("allocation")),
         auto=GroupSizeAuto.from_config(cfg, info.world_size, len(examples), auto_state),

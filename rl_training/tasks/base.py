@@ -71,6 +71,8 @@ class Task:
     question_key: str = "question"  # the record fields the default `parse` reads
     answer_key: str = "answer"
     correct_threshold: float = 1.0  # reward >= this counts as correct (accuracy, pass@k, synthesize)
+    # (lo, hi) that every reward lies in, where the task knows it (the forecast is clipped to it)
+    reward_range: tuple[float, float] | None = None
     prompt_template: str = "{question}"  # the task's prompt format; data.prompt_template, when set, replaces it
     part_names: tuple[str, ...] = ()  # named per-completion parts `grade` returns (Scores.parts)
     count_names: tuple[str, ...] = ()  # named per-batch counters `grade` returns (Scores.counts)

@@ -222,6 +222,8 @@ class MathTask(Task):
     """gsm8k or math records ({question_key, answer_key}; data.question_key / data.answer_key), graded by
     `math_reward`, formatted when the completion commits to an answer, maj@k by math-verify equivalence."""
 
+    reward_range = (0.0, 1.0)
+
     def __init__(
         self, fmt: Literal["gsm8k", "math"] = "math", question_key: str = "question", answer_key: str = "answer"
     ):

@@ -122,6 +122,7 @@ class PythonToolEnvironment(ToolEnvironment):
     `memory` (the program ran out of memory) and `crash` (its process ended without a reply); an uncaught
     exception is `raised` with its traceback as the result."""
 
+    reward_range = (0.0, 1.0)
     tools = (python,)
     error_classes = (*ERROR_CLASSES, "memory")
 

@@ -84,6 +84,7 @@ def _create(name: str, size: int, seed: int, settings: dict):
 class ReasoningGymTask(Task):
     """One reasoning-gym dataset, or a weighted composite of several (`datasets`: name -> {weight, settings})."""
 
+    reward_range = (0.0, 1.0)
     correct_threshold = 1.0  # reward 1.0 is score_answer's exact answer; below it is partial credit
 
     def __init__(

@@ -64,6 +64,7 @@ def reverse_has_answer(completion: str) -> bool:
 class ReverseTask(Task):
     """{question_key: "abcd", answer_key: "dcba"} records; partial credit per position (module docstring)."""
 
+    reward_range = (0.0, 1.0)
     prompt_template = "{question}="  # 'abcd=' -> 'dcba': the tiny model's format, no words
 
     def __init__(self, question_key: str = "question", answer_key: str = "answer"):

@@ -160,6 +160,7 @@ class CodeTask(Task):
     cannot run it fails at setup (SandboxUnavailable says why), and `close` ends it. A user task that grades
     programs subclasses it (its own `parse`, the same pool and verdicts; docs/extending.md)."""
 
+    reward_range = (0.0, 1.0)
     part_names = PART_NAMES
     count_names = COUNT_NAMES
 

@@ -103,6 +103,7 @@ class SearchTask(Environment):
         if match not in ("em", "subem"):
             raise ValueError(f"SearchTask match must be em or subem, got {match!r}")
         self.search_cfg, self.match, self.format_score = search_cfg, match, format_score
+        self.reward_range = (min(0.0, format_score), max(1.0, format_score))  # search_reward: 0, format_score or 1
         self.question_key, self.answer_key = question_key, answer_key
         self.topk = search_cfg.topk
         self.retriever: Retriever | None = None

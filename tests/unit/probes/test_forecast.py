@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rl_training.probes.forecast import EXPONENTS, MIN_POINTS, _grid, forecast
 
@@ -93,3 +95,44 @@ def test_on_recorded_runs_the_step_50_forecast_beats_the_reward_at_step_50():
         errors[name] = (f.final - final, early[-1][1] - final)
         assert f.points == 5 and abs(f.final - final) < abs(early[-1][1] - final), (name, errors[name])
     assert sum(abs(e) for e, _ in errors.values()) / len(errors) < 0.05  # mean absolute error 0.026
+
+
+def test_the_reward_range_clips_the_forecast_and_never_moves_it_away_from_a_final_inside_it():
+    # Order 0's evaluations up to step 100 (tests/fixtures/forecast_runs.json) still climb nearly linearly: the free
+    # curve's asymptote is 8.6 and its forecast of step 200 is 1.032, above the reward's maximum 1. Clipped to [0, 1]:
+    # the forecast is 1.0 (error +0.053 against the final 0.947 instead of +0.085), the band's top 1.0, its bottom
+    # (0.837, inside) unmoved. A range wider than everything changes nothing.
+    import json
+
+    from tests.helpers import REPO
+
+    recorded = json.loads((REPO / "tests" / "fixtures" / "forecast_runs.json").read_text())
+    per_step, total, run = recorded["completions_per_step"], recorded["total_steps"], recorded["runs"]["order 0"]
+    pts = [(s * per_step, r) for s, r in zip(run["steps"], run["reward"], strict=True) if s <= 100]
+    free = forecast(*zip(*pts, strict=True), c_final=total * per_step)
+    clipped = forecast(*zip(*pts, strict=True), c_final=total * per_step, bounds=(0.0, 1.0))
+    assert free.final > 1.0 and free.hi > 1.0 and free.asymptote > 1.0 and free.lo < 1.0
+    assert (clipped.final, clipped.hi, clipped.asymptote) == (1.0, 1.0, 1.0)
+    assert clipped.lo == free.lo and (clipped.start, clipped.c_mid, clipped.exponent) == (
+        free.start,
+        free.c_mid,
+        free.exponent,
+    )
+    final = run["reward"][-1]
+    assert abs(clipped.final - final) < abs(free.final - final)
+    assert forecast(*zip(*pts, strict=True), c_final=total * per_step, bounds=(-10.0, 10.0)) == free
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-2.0, 3.0), min_size=MIN_POINTS, max_size=10), st.floats(0.0, 1.0))
+def test_clipping_is_never_worse_for_a_final_inside_the_range_and_keeps_the_band_s_coverage(rewards, final):
+    # Clipping to [lo, hi] is monotone and fixes every point of the range: for y inside it, |clip(f) - y| <= |f - y|;
+    # y in [a, b] implies y in [clip(a), clip(b)], and strictly inside the range the converse holds too (at a bound
+    # a band wholly outside collapses onto it: rewards 1, 0, 0, 0 give a free band below 0 and a clipped one at 0).
+    c = C[: len(rewards)]
+    free, clipped = forecast(c, rewards, FINAL), forecast(c, rewards, FINAL, bounds=(0.0, 1.0))
+    assert 0.0 <= clipped.lo <= clipped.final <= clipped.hi <= 1.0
+    assert abs(clipped.final - final) <= abs(free.final - final) + 1e-12
+    assert not (free.lo <= final <= free.hi) or (clipped.lo <= final <= clipped.hi)
+    if 0.0 < final < 1.0:
+        assert (free.lo <= final <= free.hi) == (clipped.lo <= final <= clipped.hi)
