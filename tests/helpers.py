@@ -287,10 +287,12 @@ def straight_run(runs: Path, argv: list[str]) -> list[dict]:
     return rows
 
 
-def resume_last_steps_match(runs: Path, argv: list[str], rows: list[dict], from_step: int) -> None:
+def resume_last_steps_match(
+    runs: Path, argv: list[str], rows: list[dict], from_step: int, timed: tuple[str, ...] = ()
+) -> None:
     """Copy the run `runs`/straight (its metrics `rows`) to `runs`/resumed without its last checkpoint, resume it
     with `argv` (the straight run's arguments, in-process rl_runner), and check that every step after `from_step`
-    logs the same metrics (perf/ and mem/ aside)."""
+    logs the same metrics (perf/, mem/ and the `timed` ones, wall-clock seconds, aside)."""
     import shutil
 
     import pytest
@@ -305,7 +307,7 @@ def resume_last_steps_match(runs: Path, argv: list[str], rows: list[dict], from_
     assert [r["step"] for r in again] == [r["step"] for r in rows]
     for a, b in zip(rows[from_step:], again[from_step:], strict=True):
         for k, v in a.items():
-            if not k.startswith(("perf/", "mem/")):
+            if not k.startswith(("perf/", "mem/", *timed)):
                 assert b[k] == pytest.approx(v, rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], k)
 
 

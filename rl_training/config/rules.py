@@ -209,7 +209,6 @@ def check_per_prompt(cfg: Config, where: str = "") -> None:
         (r.max_async_level > 0, "rollout.max_async_level > 0: the plan reads the step's first round, which a "
          "producer thread would sample ahead"),
         (r.dynamic_sampling, "rollout.dynamic_sampling: both choose which groups a step trains on; pick one"),
-        (cfg.probe.advisor, "probe.advisor: the advisor's ANOVA reads groups of one size (issue 52)"),
         (r.allocation_first > k_max, f"rollout.allocation_first={r.allocation_first} over the k_max of {k_max}"),
         (k_max < 2, "rollout.allocation_k_max=1: a group needs 2 completions to teach anything"),
     ]  # fmt: skip

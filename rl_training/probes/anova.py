@@ -1,21 +1,30 @@
 """Between- and within-prompt gradient noise: a nested (one-way random effects) ANOVA, as pure functions and a state.
 
-Spec and derivation: docs/probes.md 9. One step has B prompt groups of K completions each; g_ij is completion
-j's gradient of group i, scaled so that the group's gradient is gbar_i = (1/K) sum_j g_ij and the step's is
-gbar = (1/B) sum_i gbar_i (the GNS unit of docs/probes.md 1.1 is the group: gamma_i = gbar_i). The model is
+Spec and derivation: docs/probes.md 9. One step has B prompt groups, group i with k_i completions (every k_i = K
+for a fixed split; rollout.allocation: per_prompt's groups differ), N = sum_i k_i. g_ij is completion j's gradient
+of group i, scaled so that the step's gradient is their mean, gbar = (1/N) sum_ij g_ij (for equal groups also the
+mean of the group gradients gbar_i = (1/K) sum_j g_ij, the GNS unit of docs/probes.md 1.1). The model is
 g_ij = G + b_i + e_ij with Cov(b_i) = S_b and Cov(e_ij) = S_w, all terms uncorrelated. From
-    M1 = (1/(BK)) sum_ij |g_ij|^2,   M2 = (1/B) sum_i |gbar_i|^2,   Q = |gbar|^2
-the unbiased estimates (linear in M1, M2, Q) are
+    S1 = sum_ij |g_ij|^2,   S2 = sum_i |sum_j g_ij|^2 / k_i,   Q = |gbar|^2,   c = sum_i k_i^2 / N^2
+whose expectations are
+    E S1 = N (|G|^2 + tr S_b + tr S_w),   E S2 = N (|G|^2 + tr S_b) + B tr S_w,
+    E Q = |G|^2 + c tr S_b + tr S_w / N,
+the unbiased estimates (linear in S1, S2, Q) are
+    tr S_w = (S1 - S2) / (N - B),   tr S_b = (S2/N - Q - (B - 1) tr S_w / N) / (1 - c),
+    |G|^2 = Q - c tr S_b - tr S_w / N.
+For equal groups (N = BK, c = 1/B, S2 = K sum_i |gbar_i|^2) these are the balanced forms
     tr S_w = K (M1 - M2)/(K - 1),   tr Sigma_g = B (M2 - Q)/(B - 1),   tr S_b = tr Sigma_g - tr S_w / K,
-    |G|^2 = Q - tr Sigma_g / B,
-where tr Sigma_g = tr S_b + tr S_w / K is the per-group noise the GNS unit level measures. Float64, no
-torch.distributed: the caller all-reduces the sums (they add over ranks and micro-batches) first.
+    |G|^2 = Q - tr Sigma_g / B,   with M1 = S1/(BK), M2 = (1/B) sum_i |gbar_i|^2,
+where tr Sigma_g = tr S_b + tr S_w / K is the per-group noise the GNS unit level measures. Unequal groups assume
+nothing more than equal ones: a completion's gradient noise does not depend on its group's size, which the advisor
+assumes anyway when it extrapolates to another K. Float64, no torch.distributed: the caller all-reduces the sums
+(they add over ranks and micro-batches) first.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from rl_training.probes.gns import GNSState, ema_n_eff, fieller_band
 
@@ -24,31 +33,38 @@ QUANTITIES = ("trace_between", "trace_within", "grad_sq_norm")
 
 @dataclass(frozen=True)
 class GroupGradSums:
-    """One step's sums over whole prompt groups, every group with the same K (all ranks, all-reduced)."""
+    """One step's sums over whole prompt groups (all ranks, all-reduced): they add over ranks and micro-batches."""
 
-    completion_sq_norm_sum: float  # sum_ij |g_ij|^2
-    group_mean_sq_norm_sum: float  # sum_i |gbar_i|^2
+    completion_sq_norm_sum: float  # S1 = sum_ij |g_ij|^2
+    group_sq_norm_over_size: float  # S2 = sum_i |sum_j g_ij|^2 / k_i (= K sum_i |gbar_i|^2 for equal groups)
     groups: float  # B
-    k: int  # completions per group
+    completions: float  # N = sum_i k_i
+    size_sq_sum: float  # sum_i k_i^2
+
+    @classmethod
+    def balanced(cls, completion_sq_norm_sum: float, group_mean_sq_norm_sum: float, groups: float, k: int):
+        """B groups of K from sum_ij |g_ij|^2 and sum_i |gbar_i|^2."""
+        return cls(completion_sq_norm_sum, k * group_mean_sq_norm_sum, groups, groups * k, groups * k * k)
+
+    @property
+    def k(self) -> float:
+        """The mean group size N / B."""
+        return self.completions / self.groups if self.groups else math.nan
 
     def __add__(self, other: GroupGradSums) -> GroupGradSums:
-        if other.k != self.k:
-            raise ValueError(f"group sums with different K ({self.k}, {other.k}) do not add")
-        return GroupGradSums(
-            self.completion_sq_norm_sum + other.completion_sq_norm_sum,
-            self.group_mean_sq_norm_sum + other.group_mean_sq_norm_sum,
-            self.groups + other.groups,
-            self.k,
-        )
+        return GroupGradSums(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def group_sums_from_contributions(
-    seq_sq_norm_sum: float, group_sq_norm_sum: float, groups: float, k: int, unit_scale: float
-) -> GroupGradSums:
-    """GroupGradSums from what the hooks read: the summed squared norms of each sequence's (h_ij) and each
-    group's (h_i = sum_j h_ij) contribution to a rank's accumulated gradient. The unit gradient is
-    gbar_i = unit_scale h_i (unit_scale = U/W, docs/probes.md 2), so g_ij = K unit_scale h_ij."""
-    return GroupGradSums((k * unit_scale) ** 2 * seq_sq_norm_sum, unit_scale**2 * group_sq_norm_sum, groups, k)
+    seq_sq_norm_sum: float, group_sq_over_size_sum: float, groups: float, completions: float, size_sq_sum: float,
+    scale: float,
+) -> GroupGradSums:  # fmt: skip
+    """GroupGradSums from what the hooks read: sum_ij |h_ij|^2 of each sequence's contribution h_ij to a rank's
+    accumulated gradient, and sum_i |h_i|^2 / k_i of each group's (h_i = sum_j h_ij). The completion gradient is
+    g_ij = scale h_ij with scale = N_step / W (the step's completions over the ranks: the DDP gradient is
+    (1/W) sum h_ij, the mean of the g_ij; for B K completions scale = K U / W, docs/probes.md 2)."""
+    s2 = scale * scale
+    return GroupGradSums(s2 * seq_sq_norm_sum, s2 * group_sq_over_size_sum, groups, completions, size_sq_sum)
 
 
 @dataclass(frozen=True)
@@ -56,22 +72,22 @@ class AnovaEstimate:
     trace_between: float  # tr S_b, unbiased, possibly negative
     trace_within: float  # tr S_w, unbiased, >= 0
     grad_sq_norm: float  # |G|^2, unbiased, possibly negative
-    trace_group: float  # tr Sigma_g = tr S_b + tr S_w / K
+    trace_group: float  # tr Sigma_g = tr S_b + tr S_w / k, k the mean group size
     groups: float
-    k: int
+    k: float  # the mean group size N / B
 
 
 def nested_anova(sums: GroupGradSums, big_sq_norm: float) -> AnovaEstimate | None:
     """The per-step estimates (docs/probes.md 9.2) from the group sums and Q = |gbar|^2; None when not
-    identifiable (B < 2 or K < 2) or not finite."""
-    n_b, k = sums.groups, sums.k
-    if n_b < 2 or k < 2:
+    identifiable (B < 2, or no group with two completions) or not finite."""
+    n_b, n = sums.groups, sums.completions
+    if n_b < 2 or n - n_b < 1:
         return None
-    m1 = sums.completion_sq_norm_sum / (n_b * k)
-    m2 = sums.group_mean_sq_norm_sum / n_b
-    tr_w = k * (m1 - m2) / (k - 1)
-    tr_g = n_b * (m2 - big_sq_norm) / (n_b - 1)
-    est = AnovaEstimate(tr_g - tr_w / k, tr_w, big_sq_norm - tr_g / n_b, tr_g, n_b, k)
+    c = sums.size_sq_sum / (n * n)
+    tr_w = (sums.completion_sq_norm_sum - sums.group_sq_norm_over_size) / (n - n_b)
+    tr_b = (sums.group_sq_norm_over_size / n - big_sq_norm - (n_b - 1) * tr_w / n) / (1 - c)
+    k = n / n_b
+    est = AnovaEstimate(tr_b, tr_w, big_sq_norm - c * tr_b - tr_w / n, tr_b + tr_w / k, n_b, k)
     if not all(math.isfinite(getattr(est, q)) for q in QUANTITIES):
         return None
     return est

@@ -2,7 +2,7 @@
 
 Per step (docs/probes.md 9.4, 10.2), on the steps the unit level measures:
     begin_step(advantages, rewards)        # which groups are fed in; this rank's waste curve
-    add(seq_sq, group_sq)                  # after each captured micro-batch: sum |h_ij|^2, sum |h_i|^2
+    add(seq_sq, group_sq, sizes)           # after each captured micro-batch: sum |h_ij|^2, sum |h_i|^2 / k_i
     local_sums() / update(totals, q)       # in StepProbes.after_allreduce's one collective
     work_sums(work) / metrics(totals)      # in StepProbes.metrics' sum all-reduce: waste and costs, then the tags
 
@@ -21,6 +21,7 @@ so c_p is overstated there and K* (which grows as sqrt(c_p)) is an upper estimat
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -103,35 +104,46 @@ class RolloutBudget:
         self.units, self.K = units_per_step, group_size
 
     # ----------------------------------------------------------------------------------- the step
-    def begin_step(self, advantages: torch.Tensor, rewards) -> None:
-        """`advantages` [n_seq] and `rewards` [n_seq] of this rank's groups (every group, dropped ones too)."""
-        n = len(rewards) // self.K if self.K else 0
-        zero = zero_adv_groups(advantages.detach(), self.K) if n else torch.zeros(0, dtype=torch.bool)
-        self.fed = (~zero if self.exact_zero else torch.ones_like(zero)).to(self.device)
-        self.h = torch.zeros(2, dtype=torch.float64, device=self.device)  # sum |h_ij|^2, sum |h_i|^2
-        curves = [group_waste(list(rewards[i * self.K : (i + 1) * self.K]), self.k_max) for i in range(n)]
+    def begin_step(self, advantages: torch.Tensor, rewards, sizes: tuple[int, ...] | None = None) -> None:
+        """`advantages` [n_seq] and `rewards` [n_seq] of this rank's groups (every group, dropped ones too), whose
+        sizes are `sizes` (None: groups of the split's K; rollout.allocation: per_prompt's differ)."""
+        if sizes is None:
+            sizes = (self.K,) * (len(rewards) // self.K) if self.K else ()
+        n = len(sizes)
+        zero = zero_adv_groups(advantages.detach(), sizes) if n else torch.zeros(0, dtype=torch.bool)
+        fed = ~zero if self.exact_zero else torch.ones_like(zero)
+        k = torch.tensor(sizes, dtype=torch.float64, device=zero.device)
+        # this rank's groups fed in, their completions and sum k_i^2, and all its completions (the step's N)
+        self.counts = [fed.double().sum(), (fed * k).sum(), (fed * k * k).sum(), k.sum()]
+        self.h = torch.zeros(2, dtype=torch.float64, device=self.device)  # sum |h_ij|^2, sum |h_i|^2 / k_i
+        starts = [0, *itertools.accumulate(sizes)]
+        curves = [group_waste(list(rewards[a:b]), self.k_max) for a, b in itertools.pairwise(starts)]
         self.waste_sum = [sum(c[k] for c in curves) for k in range(self.k_max)]
         self.groups_local = n
         self.last = None
 
-    def add(self, seq_sq: torch.Tensor, group_sq: torch.Tensor) -> None:
-        """One captured micro-batch: `seq_sq` [n * K], `group_sq` [n] squared norms of each sequence's and each
-        group's contribution to this rank's gradient (LoraUnitCapture)."""
+    def add(self, seq_sq: torch.Tensor, group_sq: torch.Tensor, sizes) -> None:
+        """One captured micro-batch: `seq_sq` [n_seq], `group_sq` [n] squared norms of each sequence's and each
+        group's contribution to this rank's gradient (LoraUnitCapture), `sizes` the n groups' sizes."""
         # A group left out (zero advantage, exact_zero) has h = 0 here: summing it in changes nothing.
-        self.h = self.h + torch.stack([seq_sq.sum(), group_sq.sum()])
+        k = torch.tensor(sizes, dtype=group_sq.dtype, device=group_sq.device)
+        self.h = self.h + torch.stack([seq_sq.sum(), (group_sq / k).sum()])
 
     def local_sums(self) -> list:
-        """This rank's [sum |h_ij|^2, sum |h_i|^2, groups fed in] (device scalars: no host sync)."""
-        return [self.h[0], self.h[1], self.fed.double().sum()]
+        """This rank's [sum |h_ij|^2, sum |h_i|^2 / k_i, groups fed in, their completions, their sum k_i^2, all its
+        completions] (device scalars: no host sync)."""
+        return [self.h[0], self.h[1], *(c.to(self.device) for c in self.counts)]
 
-    N_LOCAL = 3
+    N_LOCAL = 6
 
     def update(self, totals: list[float], q: float, valid: bool) -> None:
         """After the all-reduce of local_sums (`totals`) and Q = |G_B|^2, on a step the unit level measured:
-        one ANOVA update, or a skipped one (counted) when the capture broke or failed on any rank (`valid`)."""
-        seq, grp, fed = totals[0], totals[1], totals[2]
-        q_fed = q * (self.units / fed) ** 2 if self.exact_zero and fed > 0 else q
-        sums = group_sums_from_contributions(seq, grp, fed, self.K, self.units / self.world)
+        one ANOVA update, or a skipped one (counted) when the capture broke or failed on any rank (`valid`).
+        Q of the groups fed in: G_B is the mean of all N completions' g_ij, the fed ones' mean is N / N_fed
+        times it (the others' g_ij are 0)."""
+        seq, grp, fed, n_fed, k_sq, n_all = totals
+        q_fed = q * (n_all / n_fed) ** 2 if self.exact_zero and n_fed > 0 else q
+        sums = group_sums_from_contributions(seq, grp, fed, n_fed, k_sq, n_all / self.world)
         self.last = nested_anova(sums, q_fed) if valid else None
         self.state.update(self.last)
 

@@ -168,8 +168,7 @@ class StepProbes:
         if isinstance(groups, int):  # the size of every group (0: none yet)
             groups = Groups.of_rows(len(completion_lengths), groups) if groups else Groups(())
         self.groups = groups
-        # the common group size (0: none, or per_prompt allocation's unequal groups: probes/allocation.py)
-        self.G = groups.sizes[0] if len(set(groups.sizes)) == 1 else 0
+        self.G = groups.sizes[0] if len(set(groups.sizes)) == 1 else 0  # the common size (0: none, or unequal)
         self.kept_sizes: list[int] = []  # the sizes of the groups seq_log_w holds, in its order
         self.n_local = len(self.groups)
         self.lengths = completion_lengths
@@ -204,7 +203,7 @@ class StepProbes:
             self.sums["groups.zero"] = zero.double().sum()
             self.sums["len.sum"] = float(sum(completion_lengths))
             if self.budget:
-                self.budget.begin_step(advantages.to(self.device), list(rewards))
+                self.budget.begin_step(advantages.to(self.device), list(rewards), self.groups.sizes)
 
     def _add_small(self, level: str, s, k: float, inv_b: float, c2_over_b: float) -> None:
         acc = self.small[level]
@@ -225,8 +224,9 @@ class StepProbes:
                     raise RuntimeError("per-sequence capture of shared-prompt rows: a prompt's gradient is summed")
                 packed = getattr(mb, "packed", None)  # PackedRows of a padding-free micro-batch
                 tokens = None if packed is None else packed.group_tokens
-                per_seq = {"group_size": self.G, "seq_tokens": getattr(packed, "seq_tokens", None)}
-                self.unit_cap.arm(len(mb.group_ids), tokens, **(per_seq if self.budget else {}))
+                k = self.mb_sizes = self.groups.select(mb.group_ids).sizes  # per_prompt allocation's differ
+                per_seq = {"per_sequence": True, "seq_tokens": getattr(packed, "seq_tokens", None)}
+                self.unit_cap.arm(len(mb.group_ids), tokens, group_sizes=k, **(per_seq if self.budget else {}))
                 armed.append(self.unit_cap)
         try:
             yield
@@ -262,7 +262,7 @@ class StepProbes:
             s = scale**2 * self.unit_cap.unit_sq_norms.sum()
             self._add_small("unit", s, float(n), float(n), n / self.units**2)
             if self.budget:
-                self.budget.add(self.unit_cap.seq_sq_norms, self.unit_cap.unit_sq_norms)
+                self.budget.add(self.unit_cap.seq_sq_norms, self.unit_cap.unit_sq_norms, self.mb_sizes)
 
     def before_allreduce(self) -> None:
         with self.guard("before_allreduce"):

@@ -1,5 +1,6 @@
 """rollout.allocation: per_prompt in the real runner (probes/allocation.py): the step's budget of B K completions is
-spread over its prompts by their reward history, its groups differ in size, and a resumed run plans the same.
+spread over its prompts by their reward history, its groups differ in size, and a resumed run plans the same. The
+advisor's ANOVA reads the unequal groups (probes/anova.py) on the HF backend's run, and resumes exactly too.
 
 The reward is scripted (tests/helpers.py SCRIPTED_REWARDS, TiedOrMixed), so which prompts tie does not depend on
 what the model writes: a prompt whose string starts with a-e is graded 0.5 on every completion (a tied group, whose
@@ -32,6 +33,11 @@ def test_per_prompt_steps_spend_the_budget_in_unequal_groups_and_resume_exactly(
         scripted_reward(tmp_path, "TiedOrMixed"),
         "rollout.allocation=per_prompt",
         *FOUR_STEPS,
+        *(
+            ["probe.advisor=true", "probe.unit_every=1", "model.gradient_checkpointing=false"]
+            if backend == "hf"
+            else []
+        ),
     ]
     rows = straight_run(tmp_path / "runs", ["--cfg", TESTCFG, *base])
     assert len(rows) == 4
@@ -52,5 +58,10 @@ def test_per_prompt_steps_spend_the_budget_in_unequal_groups_and_resume_exactly(
         assert r["rollout/zero_adv_group_frac"] < 0.5
     assert any(r["rollout/alloc_group_size_max"] > r["rollout/alloc_group_size_mean"] for r in rows)  # unequal
     assert rows[3]["rollout/alloc_prompts_used"] == 2 and rows[3]["rollout/zero_adv_group_frac"] == 0
+    if backend == "hf":  # every step's informative groups (2 or 3, of unequal sizes) give an estimate
+        assert all(r["probe/anova/groups"] >= 2 and r["probe/anova/trace_within_raw"] > 0 for r in rows)
 
-    resume_last_steps_match(tmp_path / "runs", ["--cfg", TESTCFG, *base], rows, 2)  # from the step-2 checkpoint
+    # from the step-2 checkpoint; the advisor's costs are wall-clock seconds (and so is the advice that reads them)
+    timed = ("probe/advisor/cost_", "probe/advisor/k_", "probe/advisor/b_star", "probe/advisor/efficiency",
+             "probe/advisor/critical_rollouts", "probe/alert/rollout_split")  # fmt: skip
+    resume_last_steps_match(tmp_path / "runs", ["--cfg", TESTCFG, *base], rows, 2, timed)

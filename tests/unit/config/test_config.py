@@ -133,7 +133,6 @@ def test_dynamic_sampling_refused_with_kl():
     [
         ("rollout.max_async_level=1", "rollout.max_async_level > 0: the plan reads the step's first round"),
         ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling: both choose which groups a step trains on"),
-        ("probe.advisor=true", "probe.advisor: the advisor's ANOVA reads groups of one size"),
         ("rollout.allocation_first=17", "rollout.allocation_first=17 over the k_max of 16"),
     ],
 )
@@ -143,6 +142,8 @@ def test_per_prompt_allocation_refuses_what_it_cannot_plan_with(other, message):
     with pytest.raises(ConfigError, match=re.escape(f"rollout.allocation=per_prompt with {message}")):
         load_config(None, ["rollout.allocation=per_prompt", other, *extra])
     load_config(None, ["rollout.allocation=per_prompt", "rollout.allocation_first=16"])  # k_max 2 x 8
+    # the advisor's ANOVA reads unequal groups (probes/anova.py): allowed
+    load_config(None, ["rollout.allocation=per_prompt", "probe.advisor=true", "model.gradient_checkpointing=false"])
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ are unbiased, and their spread is the Gaussian variance of 9.3, across B, K and 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -18,7 +19,8 @@ def sums_of(g: np.ndarray) -> tuple[GroupGradSums, float]:
     """g [B, K, d] per-completion gradients -> the group sums and Q = |gbar|^2."""
     n_b, k, _ = g.shape
     gbar_i = g.mean(1)
-    return GroupGradSums(float((g**2).sum()), float((gbar_i**2).sum()), n_b, k), float((gbar_i.mean(0) ** 2).sum())
+    sums = GroupGradSums.balanced(float((g**2).sum()), float((gbar_i**2).sum()), n_b, k)
+    return sums, float((gbar_i.mean(0) ** 2).sum())
 
 
 def test_closed_forms_against_a_direct_anova():
@@ -42,23 +44,21 @@ def test_group_noise_and_signal_equal_the_gns_unit_level():
     sums, q = sums_of(g)
     est = nested_anova(sums, q)
     n_b = g.shape[0]
-    gns = two_batch_estimate(SmallBatchSums(sums.group_mean_sq_norm_sum, n_b, n_b, n_b / n_b**2), q)
+    gns = two_batch_estimate(SmallBatchSums(sums.group_sq_norm_over_size / g.shape[1], n_b, n_b, n_b / n_b**2), q)
     assert est.trace_group == pytest.approx(gns.trace_sigma, rel=1e-12)
     assert est.grad_sq_norm == pytest.approx(gns.grad_sq_norm, rel=1e-12)
 
 
-def test_sums_add_over_ranks_and_need_one_k():
+def test_sums_add_over_ranks():
     g = np.random.default_rng(2).standard_normal((6, 3, 4))
     whole, q = sums_of(g)
     parts = sums_of(g[:2])[0] + sums_of(g[2:])[0]  # rank 0 holds 2 groups, rank 1 holds 4
     a, b = nested_anova(parts, q), nested_anova(whole, q)
     for f in ("trace_between", "trace_within", "grad_sq_norm", "trace_group", "groups"):
         assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-12)
-    with pytest.raises(ValueError, match="different K"):
-        _ = whole + GroupGradSums(1.0, 1.0, 1, 4)
-    assert nested_anova(GroupGradSums(1.0, 1.0, 1, 3), 1.0) is None  # B = 1
-    assert nested_anova(GroupGradSums(1.0, 1.0, 4, 1), 1.0) is None  # K = 1
-    assert nested_anova(GroupGradSums(math.inf, 1.0, 4, 2), 1.0) is None
+    assert nested_anova(GroupGradSums.balanced(1.0, 1.0, 1, 3), 1.0) is None  # B = 1
+    assert nested_anova(GroupGradSums.balanced(1.0, 1.0, 4, 1), 1.0) is None  # K = 1
+    assert nested_anova(GroupGradSums.balanced(math.inf, 1.0, 4, 2), 1.0) is None
 
 
 def test_identical_completions_have_no_within_noise():
@@ -101,7 +101,7 @@ def simulate(n_b: int, k: int, d: int, reps: int, seed: int, chunk: int = 250):
         for x in g:
             sums, q = sums_of(x)
             est = nested_anova(sums, q)
-            naive = sums.completion_sq_norm_sum / (n_b * k) - sums.group_mean_sq_norm_sum / n_b
+            naive = sums.completion_sq_norm_sum / (n_b * k) - sums.group_sq_norm_over_size / (n_b * k)
             rows.append((est.trace_between, est.trace_within, est.grad_sq_norm, naive))
     return np.array(rows), gaussian_variances(lam_b, lam_w, g_true, n_b, k)
 
@@ -126,6 +126,56 @@ def test_oracle_unbiased_with_the_derived_spread(n_b, k, d):
     # (-50% at K = 2, -6% at K = 16); the same tolerance rejects it, so the test has the power it claims.
     naive = x[:, 3]
     assert abs(naive.mean() - 4.0) > 4 * math.sqrt(var["trace_within"] * ((k - 1) / k) ** 2 / reps)
+
+
+def unequal_sums(g_groups: list[np.ndarray]) -> tuple[GroupGradSums, float]:
+    """Per-completion gradients of groups of any sizes ([k_i, d] each) -> the group sums and Q = |gbar|^2."""
+    g = np.concatenate(g_groups)
+    sums = GroupGradSums(
+        float((g**2).sum()),
+        sum(float((x.sum(0) ** 2).sum()) / len(x) for x in g_groups),
+        len(g_groups),
+        len(g),
+        sum(len(x) ** 2 for x in g_groups),
+    )
+    return sums, float((g.mean(0) ** 2).sum())
+
+
+@pytest.mark.parametrize("sizes", [(1, 3, 2), (2, 5), (4, 1, 1, 2)])
+def test_unequal_groups_are_unbiased_exactly_over_every_sign(sizes):
+    # An exact expectation, no sampling: b_i = s_i u and e_ij = t_ij v with independent signs s, t = +-1 give
+    # Cov(b_i) = u u^T and Cov(e_ij) = v v^T (tr S_b = |u|^2 = 2.25, tr S_w = |v|^2 = 0.58), zero means,
+    # uncorrelated; the mean of each estimate over all 2^(B + N) sign patterns is its expectation, which must be
+    # the truth. (u, v, G in 2 dimensions, not orthogonal: the cross terms' expectation is 0 too.)
+    u, v, big = np.array([1.5, 0.0]), np.array([0.3, 0.7]), np.array([0.4, -0.2])
+    n_b, n = len(sizes), sum(sizes)
+    means = np.zeros(3)
+    for bits in itertools.product((-1.0, 1.0), repeat=n_b + n):
+        s, t = bits[:n_b], iter(bits[n_b:])
+        groups = [np.stack([big + s[i] * u + next(t) * v for _ in range(k)]) for i, k in enumerate(sizes)]
+        est = nested_anova(*unequal_sums(groups))
+        means += [est.trace_between, est.trace_within, est.grad_sq_norm]
+    means /= 2 ** (n_b + n)
+    assert means == pytest.approx([2.25, 0.58, 0.2], abs=1e-12)
+
+
+def test_unequal_sums_reduce_to_the_balanced_ones_and_add_over_ranks():
+    g = np.random.default_rng(3).standard_normal((5, 3, 4)) + 0.2
+    balanced, q = sums_of(g)
+    general, q2 = unequal_sums(list(g))
+    assert q2 == pytest.approx(q, rel=1e-12)
+    a, b = nested_anova(balanced, q), nested_anova(general, q)
+    for f in ("trace_between", "trace_within", "grad_sq_norm", "trace_group", "groups", "k"):
+        assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-12)
+    # unequal groups on two ranks: the sums add
+    groups = [g[0, :1], g[1], g[2, :2], g[3, :1], g[4]]
+    whole, q = unequal_sums(groups)
+    parts = unequal_sums(groups[:2])[0] + unequal_sums(groups[2:])[0]
+    x, y = nested_anova(parts, q), nested_anova(whole, q)
+    assert (x.trace_between, x.trace_within, x.grad_sq_norm) == pytest.approx(
+        (y.trace_between, y.trace_within, y.grad_sq_norm), rel=1e-12
+    )
+    assert nested_anova(unequal_sums([g[0, :1], g[1, :1], g[2, :1]])[0], q) is None  # no group of two: no S_w
 
 
 # ------------------------------------------------------------------------------------------- the state

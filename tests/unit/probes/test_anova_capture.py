@@ -52,7 +52,9 @@ def test_captured_sums_give_the_direct_anova(tiny_model):
     finally:
         cap.remove()
     assert q == pytest.approx(float((gbar**2).sum()), rel=1e-9)
-    est = nested_anova(group_sums_from_contributions(got[0], got[1], N_GROUPS, G, float(N_GROUPS)), q)
+    # N = 8 completions on one rank: g_ij = (N / W) h_ij; the group sum is read as sum_i |h_i|^2 / k_i
+    n = N_GROUPS * G
+    est = nested_anova(group_sums_from_contributions(got[0], got[1] / G, N_GROUPS, n, N_GROUPS * G * G, float(n)), q)
     assert est.trace_within == pytest.approx(ms_w, rel=1e-9)
     assert est.trace_between == pytest.approx((ms_b - ms_w) / G, rel=1e-9)
     assert est.trace_group == pytest.approx(ms_b / G, rel=1e-9)

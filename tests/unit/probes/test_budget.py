@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rl_training.algs.objectives import StepNorm
+from rl_training.base.groups import Groups
 from rl_training.policy.models import trainable_parameters
 from rl_training.probes.advisor import SplitCosts, best_k, group_waste, waste_fraction
 from rl_training.probes.budget import K_MAX, RolloutBudget, StepWork, split_seconds
@@ -61,28 +62,39 @@ def direct_anova(g: np.ndarray) -> dict[str, float]:
     }
 
 
+UNEQUAL = (1, 3, 2, 2)  # the same 8 rows as groups of unequal sizes (rollout.allocation: per_prompt)
+
+
+@pytest.mark.parametrize("sizes", [(G,) * N_GROUPS, UNEQUAL])
+@pytest.mark.parametrize("per_seq", [True, False])
 @pytest.mark.parametrize("packed,chunked", [(False, False), (True, False), (False, True)])
-def test_one_flush_gives_each_sequence_and_each_group_norm(setup, packed, chunked, monkeypatch):
+def test_one_flush_gives_each_sequence_and_each_group_norm(setup, packed, chunked, per_seq, sizes, monkeypatch):
+    # Unequal groups, padded, are gathered group by group. Splitting the 8 rows evenly, as the capture did before it
+    # read the sizes, gave group 0 of UNEQUAL (one row) the norm of rows 0-1: 0.0528 against its 0.0082.
     model, ro, norm = setup
     if chunked:  # one layer's products at a time (a flush's memory bound): the same norms
         monkeypatch.setattr(LoraUnitCapture, "PRODUCT_BYTES", 1)
-    h = per_sequence_gradients(model, ro, ADV, norm)
-    mb = make_micro_batches(ro, ADV, G, N_GROUPS, 0, torch.device("cpu"), pack_row_tokens=0 if packed else None)[0]
+    h = per_sequence_gradients(model, ro, ADV, norm).flatten(0, 1)  # [rows, d]
+    groups = Groups(sizes)
+    mb = make_micro_batches(ro, ADV, groups, N_GROUPS, 0, torch.device("cpu"), pack_row_tokens=0 if packed else None)
+    mb = mb[0]
     assert (mb.packed is not None) == packed
     p = mb.packed
     cap = LoraUnitCapture(model)
     try:
-        tokens = {"group_size": G, "seq_tokens": p.seq_tokens if packed else None}
-        with cap.capture(N_GROUPS, p.group_tokens if packed else None, **tokens):
+        tokens = {"per_sequence": True, "seq_tokens": p.seq_tokens if packed else None} if per_seq else {}
+        with cap.capture(N_GROUPS, p.group_tokens if packed else None, group_sizes=sizes, **tokens):
             update(model, [mb], norm)
         assert cap.hooks_ok
     finally:
         cap.remove()
-    seq = cap.seq_sq_norms.view(N_GROUPS, G)
+    if per_seq:
+        assert cap.seq_sq_norms.shape == (len(h),)
+        for r in range(len(h)):
+            assert cap.seq_sq_norms[r].item() == pytest.approx(h[r].pow(2).sum().item(), rel=1e-8)
     for i in range(N_GROUPS):
-        for j in range(G):
-            assert seq[i, j].item() == pytest.approx(h[i, j].pow(2).sum().item(), rel=1e-8)
-        assert cap.unit_sq_norms[i].item() == pytest.approx(h[i].sum(0).pow(2).sum().item(), rel=1e-8)
+        h_i = h[list(groups.rows_of([i]))].sum(0)
+        assert cap.unit_sq_norms[i].item() == pytest.approx(h_i.pow(2).sum().item(), rel=1e-8)
 
 
 def update(model, mbs, norm, probes=None, kl_coef=0.0) -> None:
@@ -117,15 +129,15 @@ def budget_probes(model, params, *, exact_zero=True, units=N_GROUPS, groups_per_
     )
 
 
-def probed_step(model, ro, adv, norm, *, drop=False, kl_coef=0.0, packed=False, exact_zero=True, work=None):
+def probed_step(model, ro, adv, norm, *, drop=False, kl_coef=0.0, packed=False, exact_zero=True, work=None, groups=G):
     params = trainable_parameters(model)
     probes = budget_probes(model, params, exact_zero=exact_zero)
     rewards = [float(a) for a in adv]  # the waste curve reads them; any values will do here
     try:
         mbs = make_micro_batches(
-            ro, adv, G, 2, 0, torch.device("cpu"), drop_zero_adv_groups=drop, pack_row_tokens=0 if packed else None
+            ro, adv, groups, 2, 0, torch.device("cpu"), drop_zero_adv_groups=drop, pack_row_tokens=0 if packed else None
         )
-        probes.begin_step(G, adv, [len(c) for c in ro.completion_ids], 0, rewards)
+        probes.begin_step(groups, adv, [len(c) for c in ro.completion_ids], 0, rewards)
         update(model, mbs, norm, probes, kl_coef)
         out = probes.metrics(work)
     finally:
@@ -147,6 +159,60 @@ def test_the_steps_anova_equals_a_direct_anova_of_brute_force_gradients(setup, p
         assert out[f"probe/anova/{q}_raw"] == getattr(got, q)
     assert expect["trace_within"] > 0 and expect["trace_between"] != 0  # a non-degenerate case
     assert out["probe/anova/groups"] == N_GROUPS and out["probe/advisor/k_current"] == G
+
+
+def unequal_anova(h: torch.Tensor, sizes) -> dict[str, float]:
+    """The textbook unbalanced one-way ANOVA (Searle) of completion gradients g = N h (one rank: g_ij = (N/W) h_ij,
+    the step gradient their mean): MS_w pooled within groups, MS_b = sum_i k_i |gbar_i - gbar|^2 / (B - 1) with
+    E MS_b = tr S_w + n0 tr S_b, n0 = (N - sum k_i^2 / N)/(B - 1); |G|^2 = Q - c tr S_b - tr S_w / N (E Q, c =
+    sum k_i^2 / N^2)."""
+    n, b = len(h), len(sizes)
+    g = (n * h).numpy()
+    parts = np.split(g, np.cumsum(sizes)[:-1])
+    means = np.stack([x.mean(0) for x in parts])
+    gbar = g.mean(0)
+    ms_w = sum(((x - m) ** 2).sum() for x, m in zip(parts, means, strict=True)) / (n - b)
+    ms_b = sum(k * ((m - gbar) ** 2).sum() for k, m in zip(sizes, means, strict=True)) / (b - 1)
+    k2 = sum(k * k for k in sizes)
+    tr_b = (ms_b - ms_w) / ((n - k2 / n) / (b - 1))
+    return {
+        "trace_within": ms_w,
+        "trace_between": tr_b,
+        "grad_sq_norm": float((gbar**2).sum()) - k2 / n**2 * tr_b - ms_w / n,
+    }
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_unequal_groups_anova_equals_the_textbook_unbalanced_one(setup, packed):
+    # rollout.allocation: per_prompt's groups: the same 8 rows as groups of 1, 3, 2 and 2 (mean K = 2 = G, the
+    # budget's), fed through the capture, StepProbes and the all-reduce sums; the estimates are the textbook ones.
+    model, ro, norm = setup
+    h = per_sequence_gradients(model, ro, ADV, norm).flatten(0, 1)
+    expect = unequal_anova(h, UNEQUAL)
+    budget, out = probed_step(model, ro, ADV, norm, packed=packed, groups=Groups(UNEQUAL))
+    got = budget.last
+    assert got is not None and got.groups == N_GROUPS and got.k == 2.0 and out["probe/anova/groups"] == N_GROUPS
+    for q, v in expect.items():
+        assert getattr(got, q) == pytest.approx(v, rel=1e-7), q
+    # the balanced formulas read with the mean size (K = 2) are not these: the test tells the two apart
+    balanced = direct_anova((len(h) * h).numpy().reshape(N_GROUPS, G, -1))
+    assert abs(balanced["trace_between"] - expect["trace_between"]) > 1e-3 * abs(expect["trace_between"])
+
+
+def test_unequal_groups_leave_zero_advantage_groups_out(setup):
+    # Group 1 of UNEQUAL (rows 1-3) has zero advantages: B = 3 groups of 1, 2 and 2 (N_fed = 5), and Q of their
+    # mean is |G_B|^2 (N / N_fed)^2 with N = 8 (budget.py update). A group of the mean size left out could not
+    # tell that from the fixed split's (U / B)^2: here 64/25 against 16/9.
+    model, ro, norm = setup
+    adv = ADV.clone()
+    adv[1:4] = 0.0
+    h = per_sequence_gradients(model, ro, adv, norm).flatten(0, 1)
+    keep = [0, 4, 5, 6, 7]
+    expect = unequal_anova(h[keep] * 8 / 5, (1, 2, 2))  # unequal_anova scales by its own N (5): g = 8 h
+    got = probed_step(model, ro, adv, norm, groups=Groups(UNEQUAL))[0].last
+    assert got.groups == 3 and got.k == 5 / 3
+    for q, v in expect.items():
+        assert getattr(got, q) == pytest.approx(v, rel=1e-7), q
 
 
 @pytest.mark.parametrize("drop", [False, True])

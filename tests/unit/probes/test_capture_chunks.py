@@ -60,7 +60,8 @@ def captured(setup, bound: int, monkeypatch, group_size: int) -> tuple[torch.Ten
     cap = LoraUnitCapture(model)
     try:
         model.zero_grad(set_to_none=True)
-        with cap.capture(N_GROUPS, group_size=group_size):
+        per_seq = {"group_sizes": (group_size,) * N_GROUPS, "per_sequence": True} if group_size else {}
+        with cap.capture(N_GROUPS, **per_seq):
             backward(model, mb, norm)
             monkeypatch.setattr(torch, "bmm", bmm)  # the flush's products only (disarm flushes)
         monkeypatch.setattr(torch, "bmm", real_bmm)

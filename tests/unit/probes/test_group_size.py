@@ -150,7 +150,7 @@ def test_a_budget_given_a_new_split_reads_groups_of_that_size():
     moved.set_split(4, 8)
     for b in (moved, fresh):
         b.begin_step(adv, rewards)
-        b.add(seq, grp)
+        b.add(seq, grp, (8,) * 4)
         b.update([*(float(x) for x in b.local_sums())], q=0.3, valid=True)
     assert moved.last is not None and moved.last == fresh.last  # the same ANOVA as a budget built for K = 8
     assert moved.waste_sum == fresh.waste_sum and moved.groups_local == 4
