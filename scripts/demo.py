@@ -83,8 +83,10 @@ def heldout_scores(model_path: Path, adapter: Path | None, cfg) -> dict:
     from rl_training.evaluation.pass_at_k import summarize
     from rl_training.policy.models import load_base_model, load_tokenizer
     from rl_training.rollout.hf import HFBackend
+    from rl_training.runtime.seeding import set_cpu_threads
     from rl_training.tasks.build import build_task, task_context
 
+    set_cpu_threads()  # the runners' rule: RL_CPU_THREADS where set (make test-demos: 1), else the cores allowed
     task = build_task(cfg)  # the training run's task: its parsing, prompts, grader and sandbox pool settings
     tok = load_tokenizer(str(model_path))
     model_cfg = type(cfg.model)(**{**cfg.model.__dict__, "name_or_path": str(model_path)})

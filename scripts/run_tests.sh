@@ -32,6 +32,10 @@ if [ "${1:-}" = demos ]; then
   if [ -z "$last_core" ]; then
     exec "$PY" -m pytest -q --durations=0 tests/demos
   fi
+  # One torch thread per process unless set (scripts/check_robustness.sh's cells set it): the side lane holds the
+  # last core throughout, and a process of the main lane left at two threads spun at every op's barrier there (the
+  # async demo's SFT took 246 s at 2 threads beside it, CI 2026-12-07; the whole reverse demo 164 s on one core).
+  export RL_CPU_THREADS=${RL_CPU_THREADS:-1}
   main() { "$PY" -m pytest -q -m "not one_core" --durations=0 tests/demos; }  # search first: tests/demos/conftest.py
   side() { PIN=1 pytest_in side -m one_core --durations=0 tests/demos; }
 else
