@@ -220,11 +220,11 @@ class StepProbes:
                 self.micro_cap.arm()
                 armed.append(self.micro_cap)
             if self.unit_cap and self.unit_on:
-                if self.budget and getattr(mb, "shared", None) is not None:  # Learner.learn never builds this
+                shared = getattr(mb, "shared", None) is not None  # one row per group (train/shared_prompt.py)
+                if self.budget and shared:  # Learner.learn never builds this
                     raise RuntimeError("per-sequence capture of shared-prompt rows: a prompt's gradient is summed")
-                packed = getattr(mb, "packed", None)  # PackedRows of a padding-free micro-batch
-                tokens = None if packed is None else packed.group_tokens
-                k = self.mb_sizes = self.groups.select(mb.group_ids).sizes  # per_prompt allocation's differ
+                tokens = None if (packed := getattr(mb, "packed", None)) is None else packed.group_tokens  # PackedRows
+                k = self.mb_sizes = () if shared else self.groups.select(mb.group_ids).sizes  # per_prompt's differ
                 per_seq = {"per_sequence": True, "seq_tokens": getattr(packed, "seq_tokens", None)}
                 self.unit_cap.arm(len(mb.group_ids), tokens, group_sizes=k, **(per_seq if self.budget else {}))
                 armed.append(self.unit_cap)

@@ -224,3 +224,41 @@ def test_the_learner_runs_the_advisors_per_sequence_steps_padded(policy):
         learner_module.make_micro_batches = real
         probes.remove_hooks()
     assert built == [False, True]  # step 0 is a unit_every step: padded; step 1 shares
+
+
+def test_the_unit_level_reads_unequal_groups_in_every_layout(policy):
+    """rollout.allocation: per_prompt's groups (1, 3, 2 and 5 completions) through StepProbes: the unit level's
+    per-group norms are the same padded, shared (one row per group: read as it is) and packed (gathered by
+    group_tokens). Padded rows are gathered by the groups' sizes (probes/capture.py); read as equal groups they gave
+    a one-row group the norm of two rows (tests/unit/probes/test_budget.py)."""
+    from rl_training.algs.objectives import StepNorm
+    from rl_training.policy.models import trainable_parameters
+    from rl_training.probes.probe import StepProbes
+    from tests.helpers import backward
+
+    sizes = (1, 3, 2, 5)
+    groups = Groups(sizes)
+    ro = long_prompt_rollouts(len(sizes), seed=5, sizes=sizes)
+    adv = torch.linspace(-1, 1, len(ro), dtype=torch.float64)
+    norm = StepNorm(seqs=len(ro), tokens=sum(len(c) for c in ro.completion_ids), max_new_tokens=8)
+    params = trainable_parameters(policy)
+    out = []
+    for share, pack in ((False, None), (True, None), (False, 0)):
+        (mb,) = make_micro_batches(ro, adv, groups, len(sizes), 0, CPU, pack_row_tokens=pack, share_prompt=share)
+        assert (mb.shared is not None) == share and (mb.packed is not None) == (pack is not None)
+        probes = StepProbes(policy, params, levels=["unit"], ema_beta=0.9, units_per_step=len(sizes), world_size=1,
+                            micro_batch_groups=len(sizes), device=CPU)  # fmt: skip
+        try:
+            probes.begin_step(groups, adv, [len(c) for c in ro.completion_ids])
+            for p in params:
+                p.grad = None
+            with probes.micro(mb):
+                backward(policy, mb, norm)
+            assert probes.unit_cap.hooks_ok and not probes.broken
+            out.append(probes.unit_cap.unit_sq_norms.clone())
+        finally:
+            probes.remove_hooks()
+    padded, shared, packed = out
+    assert packed.min() > 0 and packed.max() / packed.min() > 1.5  # distinct groups: a mix-up would show
+    torch.testing.assert_close(padded, packed, rtol=1e-9, atol=0)
+    torch.testing.assert_close(shared, packed, rtol=1e-5, atol=0)  # RMSNorm's float32 rounding (the test above)
