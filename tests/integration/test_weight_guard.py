@@ -81,6 +81,11 @@ def test_colocated_engine_skipped_sync_stops_the_run(run_overrides, monkeypatch,
     assert "vllm.weight_sync=merge" in err and "vllm.sleep_level" in err
     # The steps before the fault are the healthy run's, bit for bit (the guard changes nothing while healthy).
     assert metrics[0]["rollout/reward_mean"] == healthy[0]["rollout/reward_mean"]
+    # The fault gone (the sync fixed), the run continues from the checkpoint the guard wrote.
+    status, metrics, err = run([*args, "run.name=skipped", "ckpt.resume=latest"], monkeypatch, None, capsys)
+    assert status == 0, err[-2000:]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert all(m["guard/canary_streak"] == 0 for m in metrics[4:])  # after the resume: healthy again
 
 
 def test_colocated_engine_stale_adapter_stops_the_run(run_overrides, monkeypatch, capsys, tmp_path):
@@ -100,17 +105,6 @@ def test_canary_stop_steps_zero_only_logs(run_overrides, monkeypatch, capsys):
     assert [m["guard/canary_streak"] for m in metrics] == [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
     assert metrics[-1]["guard/canary_over_steps"] == 4.0
     assert [m["rollout/policy_version_max"] for m in metrics] == [0.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # logged, not stopped
-
-
-def test_stopped_run_resumes_from_its_checkpoint(run_overrides, monkeypatch, capsys, tmp_path):
-    # The fault gone (the sync fixed), the run continues from the checkpoint the guard wrote.
-    args = [*run_overrides, *VLLM, "rollout.canary_stop_steps=2"]
-    status, _, _ = run(args, monkeypatch, "vllm.skip_sync@3", capsys)
-    assert status == WEIGHT_STATE_EXIT_CODE
-    status, metrics, err = run([*args, "ckpt.resume=latest"], monkeypatch, None, capsys)
-    assert status == 0, err[-2000:]
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
-    assert all(m["guard/canary_streak"] == 0 for m in metrics[4:])  # after the resume: healthy again
 
 
 def test_server_publishing_stale_weights_stops_the_run(server_overrides, monkeypatch, capsys, tmp_path):
