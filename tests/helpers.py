@@ -287,21 +287,24 @@ def straight_run(runs: Path, argv: list[str]) -> list[dict]:
     return rows
 
 
+def copy_without_last_checkpoint(runs: Path, last: int) -> None:
+    """`runs`/straight copied to `runs`/resumed without its step-`last` checkpoint: the run a crash after the
+    checkpoint before it leaves."""
+    shutil.copytree(runs / "straight", runs / "resumed", symlinks=True)
+    shutil.rmtree(runs / "resumed" / "checkpoints" / f"step_{last:06d}")
+
+
 def resume_last_steps_match(
     runs: Path, argv: list[str], rows: list[dict], from_step: int, timed: tuple[str, ...] = ()
 ) -> None:
     """Copy the run `runs`/straight (its metrics `rows`) to `runs`/resumed without its last checkpoint, resume it
     with `argv` (the straight run's arguments, in-process rl_runner), and check that every step after `from_step`
     logs the same metrics (perf/, mem/ and the `timed` ones, wall-clock seconds, aside)."""
-    import shutil
-
     import pytest
 
     from rl_training.runners import rl_runner
 
-    last = rows[-1]["step"]
-    shutil.copytree(runs / "straight", runs / "resumed", symlinks=True)
-    shutil.rmtree(runs / "resumed" / "checkpoints" / f"step_{last:06d}")
+    copy_without_last_checkpoint(runs, rows[-1]["step"])
     assert rl_runner.main([*argv, "run.name=resumed", "ckpt.resume=latest"]) == 0
     again = read_metrics(runs / "resumed")
     assert [r["step"] for r in again] == [r["step"] for r in rows]

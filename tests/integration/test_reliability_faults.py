@@ -177,15 +177,16 @@ def test_colocated_vllm_two_ranks_resume_logs_every_metric_as_the_uninterrupted_
     # logged 4, 5, 6). Killed right after step 3 is logged; the resume from checkpoint 2 re-logs steps 3-4.
     base = ["--cfg", TESTCFG, *run_overrides, *VLLM, "train.total_steps=4", "ckpt.every=2", "ckpt.keep_last=5"]
     assert finish(launch([*base, "run.name=straight"], tmp_path, nproc=2)) == 0
-    straight = metric_lines(tmp_path / "runs" / "straight")
+    straight_dir = tmp_path / "runs" / "straight"
+    straight = metric_lines(straight_dir)
     # The two-rank colocated run itself: every step, the canary at float noise on both ranks' engines, a world of 2
     # in the checkpoint with each rank's RNG, a clean engine and process-group teardown.
     assert [m["step"] for m in straight] == [1, 2, 3, 4]
     assert all(m["rollout/logp_diff_mean"] < 1e-3 for m in straight), straight
-    ck = tmp_path / "runs" / "straight" / "checkpoints" / "step_000004"
+    ck = straight_dir / "checkpoints" / "step_000004"
     assert json.loads((ck / "trainer_state.json").read_text())["world_size"] == 2
     assert (ck / "rng_rank0.pt").exists() and (ck / "rng_rank1.pt").exists()
-    assert "backend: vllm" in (tmp_path / "runs" / "straight" / "config.yaml").read_text()
+    assert "backend: vllm" in (straight_dir / "config.yaml").read_text()
     assert "Traceback" not in (tmp_path / "launch0.log").read_text()
     # build sync + one per step: step s logs s + 1 + 1
     assert [m["rollout/weight_version"] for m in straight] == [2.0, 3.0, 4.0, 5.0]

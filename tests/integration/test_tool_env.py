@@ -191,10 +191,8 @@ def test_a_tool_environment_trains_resumes_and_evaluates_on_vllm(case, tool_mode
     python tool each train 3 steps on the colocated vLLM engine, resume from step 2 (the run's copy without its last
     checkpoint) to the metrics of the uninterrupted run (tool metrics and weight_version included), and are
     evaluated over their checkpoints by evals.run on vLLM, the episodes' tool counts in its records."""
-    import shutil
-
     from evals import run as evals_run
-    from tests.helpers import read_metrics
+    from tests.helpers import copy_without_last_checkpoint, read_metrics
 
     if case == "user_file":
         over = [f"model.name_or_path={tool_model}", *files(tool_files), *EPISODE]
@@ -207,9 +205,7 @@ def test_a_tool_environment_trains_resumes_and_evaluates_on_vllm(case, tool_mode
         for k, v in env.items():
             mp.setenv(k, v)
         assert rl_runner.main(["--cfg", TESTCFG, *over, "run.name=straight", "train.total_steps=3"]) == 0
-        # the straight run without its last checkpoint is the run a crash after step 2's checkpoint leaves
-        shutil.copytree(tmp_path / "runs" / "straight", tmp_path / "runs" / "resumed", symlinks=True)
-        shutil.rmtree(tmp_path / "runs" / "resumed" / "checkpoints" / "step_000003")
+        copy_without_last_checkpoint(tmp_path / "runs", 3)
         resume = ["run.name=resumed", "train.total_steps=3", "ckpt.resume=latest"]
         assert rl_runner.main(["--cfg", TESTCFG, *over, *resume]) == 0
         straight, resumed = read_metrics(tmp_path / "runs" / "straight"), read_metrics(tmp_path / "runs" / "resumed")
